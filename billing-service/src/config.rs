@@ -1,0 +1,50 @@
+//! billing-service settings, from the environment only. See the README for the table.
+
+use std::time::Duration;
+
+use service_kit::config::{Common, ConfigError, ensure, millis, nats_name, parse};
+
+/// Everything billing-service reads at start-up.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Settings shared with orders-service.
+    pub common: Common,
+    /// How the consumer treats messages.
+    pub consumer: ConsumerConfig,
+}
+
+/// The JetStream consumer's settings.
+#[derive(Debug, Clone)]
+pub struct ConsumerConfig {
+    /// `NATS_CONSUMER`: the durable consumer's name, also the inbox's consumer key.
+    pub name: String,
+    /// `CONSUMER_ACK_WAIT_MS`: redelivery after this long without an ack.
+    pub ack_wait: Duration,
+    /// `CONSUMER_RETRY_DELAY_MS`: delay before a message that cannot be applied yet (or hit a
+    /// transient error) is delivered again.
+    pub retry_delay: Duration,
+    /// `CONSUMER_MAX_RETRIES`: deliveries after which a message that still cannot be applied
+    /// becomes a dead letter. Transient database errors never dead-letter.
+    pub max_retries: i64,
+    /// `CONSUMER_BATCH`: messages pulled per request.
+    pub batch: usize,
+}
+
+impl Config {
+    /// Reads the environment; the error names the offending variable.
+    pub fn from_env() -> Result<Self, ConfigError> {
+        let common =
+            Common::from_env("postgres://postgres@127.0.0.1:5432/billing", "127.0.0.1:8081")?;
+        let consumer = ConsumerConfig {
+            name: nats_name("NATS_CONSUMER", "billing")?,
+            ack_wait: millis("CONSUMER_ACK_WAIT_MS", Duration::from_secs(30))?,
+            retry_delay: millis("CONSUMER_RETRY_DELAY_MS", Duration::from_secs(1))?,
+            max_retries: parse("CONSUMER_MAX_RETRIES", 100)?,
+            batch: parse("CONSUMER_BATCH", 256)?,
+        };
+        ensure("CONSUMER_ACK_WAIT_MS", consumer.ack_wait >= Duration::from_secs(1), "must be at least 1000")?;
+        ensure("CONSUMER_MAX_RETRIES", consumer.max_retries >= 1, "must be at least 1")?;
+        ensure("CONSUMER_BATCH", (1..=10_000).contains(&consumer.batch), "must be 1 to 10000")?;
+        Ok(Self { common, consumer })
+    }
+}

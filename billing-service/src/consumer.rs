@@ -1,0 +1,262 @@
+//! The JetStream consumer: each message through the inbox, acknowledged after commit.
+//!
+//! Rules, per message:
+//! - missing `ce-id` or `ce-type`, or a body that is not the expected JSON → dead letter, `Term`;
+//! - an event type billing does not handle (e.g. `OrderShipped`) → acknowledged, nothing done;
+//! - applied, or recognised as a duplicate → acknowledged after the inbox commit;
+//! - not applicable yet (`OrderPaid` before `OrderPlaced`) → `Nak` with a delay, dead letter
+//!   after `CONSUMER_MAX_RETRIES` deliveries;
+//! - a database error → `Nak` with a delay, never a dead letter.
+
+use std::time::Duration;
+
+use async_nats::HeaderMap;
+use async_nats::jetstream::{self, AckKind, consumer::PullConsumer, consumer::pull};
+use futures::StreamExt as _;
+use outbox_core::inbox::NewDeadLetter;
+use outbox_core::{Inbox, InboxError, Outcome};
+use serde::Deserialize;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument as _;
+
+use crate::config::ConsumerConfig;
+use crate::invoices::{self, ApplyError, Change};
+
+/// Creates the durable pull consumer if missing; `subjects` is the stream's filter.
+pub async fn durable(
+    jetstream: &jetstream::Context,
+    stream: &str,
+    subjects: String,
+    config: &ConsumerConfig,
+) -> anyhow::Result<PullConsumer> {
+    let stream = jetstream.get_stream(stream).await?;
+    let consumer = stream
+        .get_or_create_consumer(
+            &config.name,
+            pull::Config {
+                durable_name: Some(config.name.clone()),
+                ack_policy: jetstream::consumer::AckPolicy::Explicit,
+                ack_wait: config.ack_wait,
+                // Unlimited: the service decides when a message becomes a dead letter, so the
+                // broker never drops one silently.
+                max_deliver: -1,
+                filter_subject: subjects,
+                ..Default::default()
+            },
+        )
+        .await?;
+    Ok(consumer)
+}
+
+/// The consumer loop of billing-service.
+#[derive(Debug)]
+pub struct Consumer {
+    consumer: PullConsumer,
+    inbox: Inbox,
+    config: ConsumerConfig,
+}
+
+/// What the consumer does with a message.
+#[derive(Debug, PartialEq)]
+enum Verdict {
+    Ack,
+    Retry,
+    Dead(String),
+}
+
+impl Consumer {
+    /// A consumer feeding `inbox`.
+    pub fn new(consumer: PullConsumer, inbox: Inbox, config: ConsumerConfig) -> Self {
+        Self { consumer, inbox, config }
+    }
+
+    /// Handles messages until `shutdown` is cancelled; the message in hand is finished first.
+    pub async fn run(self, shutdown: CancellationToken) {
+        tracing::info!(consumer = %self.config.name, "consumer started");
+        while !shutdown.is_cancelled() {
+            let messages = self
+                .consumer
+                .stream()
+                .max_messages_per_batch(self.config.batch)
+                .expires(Duration::from_secs(5))
+                .messages()
+                .await;
+            let mut messages = match messages {
+                Ok(messages) => messages,
+                Err(error) => {
+                    tracing::warn!(error = %error, "cannot pull messages; retrying");
+                    tokio::select! {
+                        () = shutdown.cancelled() => break,
+                        () = tokio::time::sleep(Duration::from_secs(1)) => continue,
+                    }
+                }
+            };
+            loop {
+                let next = tokio::select! {
+                    () = shutdown.cancelled() => break,
+                    next = messages.next() => next,
+                };
+                match next {
+                    Some(Ok(message)) => self.handle(message).await,
+                    Some(Err(error)) => tracing::warn!(error = %error, "pull failed"),
+                    None => break,
+                }
+            }
+        }
+        tracing::info!("consumer stopped");
+    }
+
+    /// Decides, applies, and acknowledges one message.
+    async fn handle(&self, message: jetstream::Message) {
+        let deliveries = message.info().map_or(1, |info| info.delivered);
+        let headers = message.headers.clone().unwrap_or_default();
+        let span = tracing::info_span!(
+            "message",
+            messaging.message.id = header(&headers, "ce-id"),
+            messaging.destination.name = %message.subject,
+            event.type = header(&headers, "ce-type"),
+            traceparent = header(&headers, "traceparent"),
+            deliveries,
+        );
+        let verdict = self.verdict(&headers, &message.payload, deliveries).instrument(span.clone()).await;
+        let _entered = span.enter();
+        let ack = match verdict {
+            Verdict::Ack => AckKind::Ack,
+            Verdict::Retry => AckKind::Nak(Some(self.config.retry_delay)),
+            Verdict::Dead(reason) => {
+                let letter = NewDeadLetter {
+                    message_id: header(&headers, "ce-id"),
+                    subject: &message.subject,
+                    headers: headers_json(&headers),
+                    payload: &message.payload,
+                    error: &reason,
+                    deliveries,
+                };
+                match self.inbox.dead_letter(letter).await {
+                    Ok(id) => {
+                        tracing::error!(dead_letter.id = id, reason, "message dead-lettered");
+                        AckKind::Term
+                    }
+                    Err(error) => {
+                        tracing::warn!(error = ?error, "cannot store dead letter; retrying");
+                        AckKind::Nak(Some(self.config.retry_delay))
+                    }
+                }
+            }
+        };
+        // A lost ack only means a redelivery, which the inbox absorbs.
+        if let Err(error) = message.ack_with(ack).await {
+            tracing::warn!(error = %error, "acknowledgement failed");
+        }
+    }
+
+    async fn verdict(&self, headers: &HeaderMap, payload: &[u8], deliveries: i64) -> Verdict {
+        let change = match parse(headers, payload) {
+            Ok(Some(change)) => change,
+            Ok(None) => return Verdict::Ack,
+            Err(reason) => return Verdict::Dead(reason),
+        };
+        let Some(id) = header(headers, "ce-id") else {
+            return Verdict::Dead("missing ce-id".into());
+        };
+        let outcome = self
+            .inbox
+            .process(id, move |conn| Box::pin(invoices::apply(conn, change)))
+            .await;
+        match outcome {
+            Ok(Outcome::Processed(())) => Verdict::Ack,
+            Ok(Outcome::Duplicate) => {
+                tracing::info!("duplicate delivery ignored");
+                Verdict::Ack
+            }
+            Err(InboxError::Effect(ApplyError::NotYet(reason))) => {
+                if deliveries >= self.config.max_retries {
+                    Verdict::Dead(format!("{reason} after {deliveries} deliveries"))
+                } else {
+                    tracing::info!(reason, "not applicable yet; delivered again later");
+                    Verdict::Retry
+                }
+            }
+            Err(error) => {
+                tracing::warn!(error = ?error, "transient failure; delivered again later");
+                Verdict::Retry
+            }
+        }
+    }
+}
+
+/// The payload fields billing reads; other fields are ignored.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct OrderEvent {
+    order_id: String,
+    total_minor: i64,
+}
+
+/// The change a message asks for: `None` for event types billing does not handle.
+fn parse(headers: &HeaderMap, payload: &[u8]) -> Result<Option<Change>, String> {
+    let Some(event_type) = header(headers, "ce-type") else {
+        return Err("missing ce-type".into());
+    };
+    if !matches!(event_type, "OrderPlaced" | "OrderPaid") {
+        return Ok(None);
+    }
+    let event: OrderEvent =
+        serde_json::from_slice(payload).map_err(|e| format!("invalid {event_type} payload: {e}"))?;
+    if !outbox_core::event::is_valid_token(&event.order_id) {
+        return Err(format!("invalid orderId in {event_type}"));
+    }
+    Ok(Some(match event_type {
+        "OrderPlaced" if event.total_minor > 0 => {
+            Change::Open { order_id: event.order_id, total_minor: event.total_minor }
+        }
+        "OrderPlaced" => return Err("OrderPlaced with a non-positive totalMinor".into()),
+        _ => Change::Pay { order_id: event.order_id },
+    }))
+}
+
+fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    headers.get(name).map(async_nats::HeaderValue::as_str)
+}
+
+/// Headers as a JSON object of string arrays, as dead letters keep them.
+fn headers_json(headers: &HeaderMap) -> serde_json::Value {
+    headers
+        .iter()
+        .map(|(name, values)| {
+            let values = values.iter().map(|v| serde_json::Value::from(v.as_str())).collect();
+            (name.to_string(), serde_json::Value::Array(values))
+        })
+        .collect::<serde_json::Map<_, _>>()
+        .into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(event_type: &str) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        headers.insert("ce-id", "0193a0c4-7d1e-7c3b-9f1a-1b2c3d4e5f60");
+        headers.insert("ce-type", event_type);
+        headers
+    }
+
+    #[test]
+    fn order_placed_opens_an_invoice() {
+        let body = br#"{"orderId":"o1","customer":"ada","totalMinor":500,"status":"placed"}"#;
+        assert_eq!(
+            parse(&headers("OrderPlaced"), body).unwrap(),
+            Some(Change::Open { order_id: "o1".into(), total_minor: 500 })
+        );
+    }
+
+    #[test]
+    fn unknown_types_are_ignored_and_garbage_is_refused() {
+        assert_eq!(parse(&headers("OrderShipped"), b"not json").unwrap(), None);
+        assert!(parse(&headers("OrderPlaced"), b"not json").is_err());
+        assert!(parse(&headers("OrderPlaced"), br#"{"orderId":"o1","totalMinor":-5}"#).is_err());
+        assert!(parse(&headers("OrderPaid"), br#"{"orderId":"a.b","totalMinor":5}"#).is_err());
+        assert!(parse(&HeaderMap::new(), b"{}").is_err());
+    }
+}

@@ -1,0 +1,154 @@
+//! The `/invoices` resource, and how order events change invoices.
+
+pub(crate) mod store;
+
+use axum::extract::State;
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use service_kit::pagination::{self, Cursor};
+use service_kit::problem::Problem;
+use service_kit::{ApiError, Json, Path, Query};
+use sqlx::PgConnection;
+use utoipa::{IntoParams, ToSchema};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+use uuid::Uuid;
+
+use crate::AppState;
+
+/// Whether an invoice was paid.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema, sqlx::Type)]
+#[serde(rename_all = "lowercase")]
+#[sqlx(type_name = "text", rename_all = "lowercase")]
+pub enum InvoiceStatus {
+    /// Waiting for payment.
+    Open,
+    /// Paid.
+    Paid,
+}
+
+/// An invoice: exactly one per order.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Invoice {
+    /// Invoice id.
+    pub id: Uuid,
+    /// The order it bills.
+    pub order_id: String,
+    /// Total in minor units, as on the order.
+    pub total_minor: i64,
+    /// Current status.
+    pub status: InvoiceStatus,
+    /// When it was created.
+    pub created_at: DateTime<Utc>,
+    /// When it was paid.
+    pub paid_at: Option<DateTime<Utc>>,
+}
+
+/// What an order event asks billing to do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Change {
+    /// `OrderPlaced`: open the order's invoice.
+    Open {
+        /// The order.
+        order_id: String,
+        /// Its total.
+        total_minor: i64,
+    },
+    /// `OrderPaid`: mark the order's invoice paid.
+    Pay {
+        /// The order.
+        order_id: String,
+    },
+}
+
+/// Why a change was not applied.
+#[derive(Debug, thiserror::Error)]
+pub enum ApplyError {
+    /// The change depends on one not seen yet (`OrderPaid` before `OrderPlaced`).
+    #[error("not applicable yet: {0}")]
+    NotYet(String),
+    /// The database failed; trying again later may work.
+    #[error("database error")]
+    Database(#[from] sqlx::Error),
+}
+
+/// Applies `change` on `conn` (inside the inbox transaction).
+pub async fn apply(conn: &mut PgConnection, change: Change) -> Result<(), ApplyError> {
+    match change {
+        Change::Open { order_id, total_minor } => {
+            // The unique order_id makes a second OrderPlaced for the same order a no-op.
+            store::open(conn, Uuid::now_v7(), &order_id, total_minor).await?;
+        }
+        Change::Pay { order_id } => {
+            if !store::pay(conn, &order_id).await? {
+                return Err(ApplyError::NotYet(format!("no invoice for order {order_id} yet")));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The `/invoices` routes.
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new().routes(routes!(list_invoices)).routes(routes!(get_invoice))
+}
+
+/// Filter and page parameters.
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+struct ListParams {
+    /// Only the invoice of this order.
+    order_id: Option<String>,
+    /// Items per page, 1-200 (default 50).
+    limit: Option<i64>,
+    /// `nextCursor` of the previous page.
+    cursor: Option<String>,
+}
+
+/// A page of invoices, newest first.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+struct InvoicePage {
+    items: Vec<Invoice>,
+    /// Pass as `cursor` for the next page; null on the last page.
+    next_cursor: Option<String>,
+}
+
+/// Lists invoices, newest first, optionally of one order.
+#[utoipa::path(get, path = "/invoices", tag = "invoices", params(ListParams), responses(
+    (status = 200, description = "A page of invoices", body = InvoicePage),
+    (status = 422, description = "Bad limit or cursor", body = Problem,
+        content_type = "application/problem+json"),
+))]
+async fn list_invoices(
+    State(state): State<AppState>,
+    Query(params): Query<ListParams>,
+) -> Result<Json<InvoicePage>, ApiError> {
+    let limit = pagination::limit(params.limit)?;
+    let after = params.cursor.as_deref().map(Cursor::decode).transpose()?;
+    let rows = store::list(&state.pool, params.order_id.as_deref(), after, limit + 1).await?;
+    let (items, next_cursor) =
+        pagination::page(rows, limit, |i| Cursor { t: i.created_at, id: i.id.to_string() });
+    Ok(Json(InvoicePage { items, next_cursor }))
+}
+
+/// Reads one invoice.
+#[utoipa::path(get, path = "/invoices/{id}", tag = "invoices",
+    params(("id" = Uuid, Path, description = "Invoice id")), responses(
+    (status = 200, description = "The invoice", body = Invoice),
+    (status = 404, description = "No such invoice", body = Problem,
+        content_type = "application/problem+json"),
+    (status = 400, description = "Not a UUID", body = Problem,
+        content_type = "application/problem+json"),
+))]
+async fn get_invoice(
+    State(state): State<AppState>,
+    Path(id): Path<Uuid>,
+) -> Result<Json<Invoice>, ApiError> {
+    store::find(&state.pool, id)
+        .await?
+        .map(Json)
+        .ok_or_else(|| ApiError::not_found(format!("no invoice {id}")))
+}

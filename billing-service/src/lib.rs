@@ -1,0 +1,21 @@
+//! billing-service: turns order events into invoices, exactly one per order.
+//!
+//! A durable JetStream pull consumer feeds each message through the `outbox-core` inbox: the
+//! message id is recorded in the same transaction as the invoice change, and the message is
+//! acknowledged only after that transaction committed. Redeliveries find the inbox row and do
+//! nothing; messages that cannot be parsed or applied become dead letters.
+//!
+//! - [`config`]: settings from the environment;
+//! - [`startup`]: [`App`]: connections, migrations, the router, the consumer, graceful shutdown;
+//! - [`consumer`]: the consumer loop and the rules for each message;
+//! - [`invoices`]: the `/invoices` resource, its SQL, and how events change invoices;
+//! - [`inbox_api`]: `/inbox/stats`.
+
+pub mod config;
+pub mod consumer;
+pub mod inbox_api;
+pub mod invoices;
+pub mod startup;
+
+pub use config::Config;
+pub use startup::{App, AppState};

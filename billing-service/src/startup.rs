@@ -1,0 +1,113 @@
+//! Building and running the service: the zero-to-production shape, so tests start the real
+//! app on port 0 with their own database and stream.
+
+use std::future::Future;
+
+use anyhow::Context as _;
+use axum::Router;
+use outbox_core::Inbox;
+use service_kit::http::{self, BackgroundTask, Health};
+use service_kit::infra;
+use sqlx::PgPool;
+use tokio::net::TcpListener;
+use utoipa::OpenApi;
+use utoipa_axum::router::OpenApiRouter;
+
+use crate::consumer::{self, Consumer};
+use crate::{Config, inbox_api, invoices};
+
+/// What handlers share.
+#[derive(Debug, Clone)]
+pub struct AppState {
+    /// The billing database (invoices and inbox).
+    pub pool: PgPool,
+    /// The consumer's inbox.
+    pub inbox: Inbox,
+}
+
+#[derive(OpenApi)]
+#[openapi(info(
+    title = "billing-service",
+    description = "Invoices made from order events, exactly one per order."
+))]
+struct ApiDoc;
+
+/// The whole HTTP API.
+pub fn router(state: AppState, health: Health) -> Router {
+    let api = OpenApiRouter::with_openapi(ApiDoc::openapi())
+        .merge(invoices::router())
+        .merge(inbox_api::router())
+        .with_state(state)
+        .merge(http::health_router(health));
+    http::finish(api)
+}
+
+/// Applies the `outbox-core` inbox tables and the service's own migrations.
+pub async fn migrate(pool: &PgPool) -> anyhow::Result<()> {
+    outbox_core::migrate::inbox(pool).await.context("inbox migrations failed")?;
+    outbox_core::migrate::run(sqlx::migrate!("../migrations/billing"), pool)
+        .await
+        .context("billing migrations failed")
+}
+
+/// A built service, listening but not yet serving.
+#[derive(Debug)]
+pub struct App {
+    listener: TcpListener,
+    router: Router,
+    consumer: Consumer,
+    pool: PgPool,
+}
+
+impl App {
+    /// Connects (creating the database if missing), migrates, sets up the stream and the
+    /// durable consumer, and binds.
+    pub async fn build(config: Config) -> anyhow::Result<Self> {
+        let common = &config.common;
+        let pool = infra::connect_db(&common.database_url, common.database_max_connections).await?;
+        migrate(&pool).await?;
+
+        let nats = infra::connect_nats(&common.nats_url, "billing-service").await?;
+        let jetstream = async_nats::jetstream::new(nats.clone());
+        infra::ensure_stream(&jetstream, common).await?;
+        let durable = consumer::durable(
+            &jetstream,
+            &common.stream,
+            format!("{}.>", common.subject_prefix),
+            &config.consumer,
+        )
+        .await
+        .context("cannot create the durable consumer")?;
+        let inbox = Inbox::new(pool.clone(), &config.consumer.name);
+        let consumer = Consumer::new(durable, inbox.clone(), config.consumer.clone());
+
+        let listener = TcpListener::bind(&common.listen_addr)
+            .await
+            .with_context(|| format!("cannot listen on LISTEN_ADDR={}", common.listen_addr))?;
+        let router =
+            router(AppState { pool: pool.clone(), inbox }, Health { pool: pool.clone(), nats });
+        Ok(Self { listener, router, consumer, pool })
+    }
+
+    /// The port the API listens on.
+    pub fn port(&self) -> u16 {
+        self.listener.local_addr().map(|a| a.port()).unwrap_or_default()
+    }
+
+    /// The database pool, for tests that check rows.
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// Serves until `shutdown` resolves: stops accepting, finishes in-flight requests, lets the
+    /// consumer finish and acknowledge the message in hand, then returns.
+    pub async fn run_until_stopped(
+        self,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> anyhow::Result<()> {
+        tracing::info!(port = self.port(), "billing-service listening");
+        let consumer = self.consumer;
+        let tasks: Vec<BackgroundTask> = vec![Box::new(|stop| Box::pin(consumer.run(stop)))];
+        http::run_until_stopped(self.listener, self.router, self.pool, tasks, shutdown).await
+    }
+}

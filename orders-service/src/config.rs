@@ -1,0 +1,44 @@
+//! orders-service settings, from the environment only. See the README for the table.
+
+use std::time::Duration;
+
+use outbox_core::{Backoff, RelayConfig};
+use service_kit::config::{Common, ConfigError, ensure, millis, parse};
+
+/// Everything orders-service reads at start-up.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Settings shared with billing-service.
+    pub common: Common,
+    /// The relay's behaviour.
+    pub relay: RelayConfig,
+    /// `RELAY_ENABLED`: run the relay in this process (default true).
+    pub relay_enabled: bool,
+    /// `NATS_PUBLISH_TIMEOUT_MS`: the longest wait for one PubAck.
+    pub publish_timeout: Duration,
+}
+
+impl Config {
+    /// Reads the environment; the error names the offending variable.
+    pub fn from_env() -> Result<Self, ConfigError> {
+        let common = Common::from_env("postgres://postgres@127.0.0.1:5432/orders", "127.0.0.1:8080")?;
+        let mut relay = RelayConfig::new(&common.subject_prefix, "/orders-service");
+        relay.batch_size = parse("RELAY_BATCH_SIZE", relay.batch_size)?;
+        relay.max_attempts = parse("RELAY_MAX_ATTEMPTS", relay.max_attempts)?;
+        relay.poll_interval = millis("RELAY_POLL_INTERVAL_MS", relay.poll_interval)?;
+        relay.backoff = Backoff {
+            base: millis("RELAY_BACKOFF_BASE_MS", relay.backoff.base)?,
+            max: millis("RELAY_BACKOFF_MAX_MS", relay.backoff.max)?,
+        };
+        ensure("RELAY_BATCH_SIZE", (1..=10_000).contains(&relay.batch_size), "must be 1 to 10000")?;
+        ensure("RELAY_MAX_ATTEMPTS", relay.max_attempts >= 1, "must be at least 1")?;
+        let config = Self {
+            relay,
+            relay_enabled: parse("RELAY_ENABLED", true)?,
+            publish_timeout: millis("NATS_PUBLISH_TIMEOUT_MS", Duration::from_secs(5))?,
+            common,
+        };
+        ensure("NATS_PUBLISH_TIMEOUT_MS", !config.publish_timeout.is_zero(), "must be positive")?;
+        Ok(config)
+    }
+}

@@ -1,0 +1,18 @@
+//! orders-service: a REST API for orders that never loses an order's events.
+//!
+//! Every state change writes the order row and its event (`OrderPlaced`, `OrderPaid`,
+//! `OrderShipped`) to the outbox in one transaction; the relay of `outbox-core` runs in the
+//! background and publishes the events to JetStream.
+//!
+//! - [`config`]: settings from the environment;
+//! - [`startup`]: [`App`]: connections, migrations, the router, the relay, graceful shutdown;
+//! - [`orders`]: the `/orders` resource and its SQL;
+//! - [`outbox_api`]: `/outbox/stats`.
+
+pub mod config;
+pub mod orders;
+pub mod outbox_api;
+pub mod startup;
+
+pub use config::Config;
+pub use startup::{App, AppState};

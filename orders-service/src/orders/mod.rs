@@ -1,0 +1,363 @@
+//! The `/orders` resource. Every state change and its event commit together.
+
+mod store;
+
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use chrono::{DateTime, Utc};
+use outbox_core::NewEvent;
+use serde::{Deserialize, Serialize};
+use service_kit::http::TraceParent;
+use service_kit::pagination::{self, Cursor};
+use service_kit::problem::Problem;
+use service_kit::{ApiError, Json, Path, Query};
+use sqlx::PgPool;
+use utoipa::{IntoParams, ToSchema};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use crate::AppState;
+
+/// Largest accepted `totalMinor`.
+pub const MAX_TOTAL_MINOR: i64 = 1_000_000_000_000_000;
+/// Longest accepted customer name, in characters.
+pub const MAX_CUSTOMER_CHARS: usize = 200;
+
+/// The aggregate type of order events.
+const AGGREGATE: &str = "order";
+
+/// Where an order is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema, sqlx::Type)]
+#[serde(rename_all = "lowercase")]
+#[sqlx(type_name = "text", rename_all = "lowercase")]
+pub enum OrderStatus {
+    /// Placed, not paid.
+    Placed,
+    /// Paid, not shipped.
+    Paid,
+    /// Shipped.
+    Shipped,
+}
+
+/// An order.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+#[schema(example = json!({"id": "0193a0c4-7d1e-7c3b-9f1a-1b2c3d4e5f60", "customer": "ada",
+    "totalMinor": 1999, "status": "placed", "createdAt": "2026-11-30T12:00:00Z",
+    "updatedAt": "2026-11-30T12:00:00Z"}))]
+pub struct Order {
+    /// Order id: 1-128 of `[A-Za-z0-9_:@-]`.
+    pub id: String,
+    /// Who ordered.
+    pub customer: String,
+    /// Total in minor units (cents).
+    pub total_minor: i64,
+    /// Current status.
+    pub status: OrderStatus,
+    /// When it was placed.
+    pub created_at: DateTime<Utc>,
+    /// When its status last changed.
+    pub updated_at: DateTime<Utc>,
+}
+
+/// The body of `POST /orders`.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[schema(example = json!({"customer": "ada", "totalMinor": 1999}))]
+pub struct NewOrder {
+    /// Optional client-chosen id (1-128 of `[A-Za-z0-9_:@-]`); repeating a request with the
+    /// same id and body is safe. The server makes a UUIDv7 when absent.
+    pub id: Option<String>,
+    /// Who orders: 1-200 characters, no control characters.
+    pub customer: String,
+    /// Total in minor units: 1 to 10^18.
+    pub total_minor: i64,
+}
+
+/// A [`NewOrder`] that passed validation.
+#[derive(Debug, Clone)]
+pub struct ValidOrder {
+    id: String,
+    customer: String,
+    total_minor: i64,
+}
+
+impl NewOrder {
+    /// Checks every field; the error names the first bad one.
+    pub fn validate(self) -> Result<ValidOrder, ApiError> {
+        let id = match self.id {
+            Some(id) if outbox_core::event::is_valid_token(&id) => id,
+            Some(_) => {
+                return Err(ApiError::validation(
+                    "id",
+                    "must be 1-128 ASCII letters, digits, '-', '_', ':' or '@'",
+                ));
+            }
+            None => uuid::Uuid::now_v7().to_string(),
+        };
+        let chars = self.customer.chars().count();
+        if chars == 0 || chars > MAX_CUSTOMER_CHARS || self.customer.chars().any(char::is_control)
+        {
+            return Err(ApiError::validation(
+                "customer",
+                "must be 1-200 characters without control characters",
+            ));
+        }
+        if !(1..=MAX_TOTAL_MINOR).contains(&self.total_minor) {
+            return Err(ApiError::validation(
+                "totalMinor",
+                format!("must be an integer from 1 to {MAX_TOTAL_MINOR}"),
+            ));
+        }
+        Ok(ValidOrder { id, customer: self.customer, total_minor: self.total_minor })
+    }
+}
+
+/// The payload of every order event.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct OrderEvent<'a> {
+    order_id: &'a str,
+    customer: &'a str,
+    total_minor: i64,
+    status: OrderStatus,
+}
+
+impl Order {
+    fn event(&self, event_type: &str, traceparent: Option<String>) -> Result<NewEvent, ApiError> {
+        let payload = OrderEvent {
+            order_id: &self.id,
+            customer: &self.customer,
+            total_minor: self.total_minor,
+            status: self.status,
+        };
+        Ok(NewEvent::new(AGGREGATE, &self.id, event_type, &payload)?.with_traceparent(traceparent))
+    }
+}
+
+/// The outcome of placing an order.
+#[derive(Debug)]
+pub struct Placed {
+    /// The order as stored.
+    pub order: Order,
+    /// False when an identical order with this id already existed.
+    pub created: bool,
+}
+
+/// Places an order and enqueues `OrderPlaced` in one transaction. Repeating an identical
+/// request returns the stored order; the same id with another body is a conflict.
+pub async fn place(
+    pool: &PgPool,
+    new: ValidOrder,
+    traceparent: Option<String>,
+) -> Result<Placed, ApiError> {
+    let mut tx = pool.begin().await?;
+    if let Some(order) = store::insert(&mut tx, &new).await? {
+        outbox_core::enqueue(&mut tx, &order.event("OrderPlaced", traceparent)?).await?;
+        tx.commit().await?;
+        return Ok(Placed { order, created: true });
+    }
+    tx.rollback().await?;
+    let existing = store::find(pool, &new.id)
+        .await?
+        .ok_or_else(|| ApiError::conflict("the order id was taken and released; retry"))?;
+    if existing.customer == new.customer && existing.total_minor == new.total_minor {
+        Ok(Placed { order: existing, created: false })
+    } else {
+        Err(ApiError::conflict(format!(
+            "order {} already exists with a different customer or total",
+            new.id
+        )))
+    }
+}
+
+/// Moves an order from `from` to `to` and enqueues `event_type`, in one transaction.
+pub async fn transition(
+    pool: &PgPool,
+    id: &str,
+    from: OrderStatus,
+    to: OrderStatus,
+    event_type: &str,
+    traceparent: Option<String>,
+) -> Result<Order, ApiError> {
+    let mut tx = pool.begin().await?;
+    let Some(order) = store::set_status(&mut tx, id, from, to).await? else {
+        tx.rollback().await?;
+        return Err(match store::find(pool, id).await? {
+            None => ApiError::not_found(format!("no order {id}")),
+            Some(order) => ApiError::conflict(format!(
+                "order {id} is {:?}; it must be {:?} for this action",
+                order.status, from
+            )),
+        });
+    };
+    outbox_core::enqueue(&mut tx, &order.event(event_type, traceparent)?).await?;
+    tx.commit().await?;
+    Ok(order)
+}
+
+/// The `/orders` routes.
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(place_order, list_orders))
+        .routes(routes!(get_order))
+        .routes(routes!(pay_order))
+        .routes(routes!(ship_order))
+}
+
+/// Places an order.
+#[utoipa::path(post, path = "/orders", tag = "orders", request_body = NewOrder, responses(
+    (status = 201, description = "Placed", body = Order,
+        headers(("Location" = String, description = "The order's URL"))),
+    (status = 200, description = "The same request was made before: the stored order", body = Order),
+    (status = 409, description = "The id exists with another body", body = Problem,
+        content_type = "application/problem+json"),
+    (status = 422, description = "A field is invalid", body = Problem,
+        content_type = "application/problem+json"),
+    (status = 400, description = "Malformed JSON", body = Problem,
+        content_type = "application/problem+json"),
+))]
+async fn place_order(
+    State(state): State<AppState>,
+    TraceParent(traceparent): TraceParent,
+    Json(new): Json<NewOrder>,
+) -> Result<Response, ApiError> {
+    let placed = place(&state.pool, new.validate()?, traceparent).await?;
+    if !placed.created {
+        return Ok(Json(placed.order).into_response());
+    }
+    let location = format!("/orders/{}", placed.order.id);
+    Ok((StatusCode::CREATED, [(header::LOCATION, location)], Json(placed.order)).into_response())
+}
+
+/// Page parameters.
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+struct ListParams {
+    /// Items per page, 1-200 (default 50).
+    limit: Option<i64>,
+    /// `nextCursor` of the previous page.
+    cursor: Option<String>,
+}
+
+/// A page of orders, newest first.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+struct OrderPage {
+    items: Vec<Order>,
+    /// Pass as `cursor` for the next page; null on the last page.
+    next_cursor: Option<String>,
+}
+
+/// Lists orders, newest first.
+#[utoipa::path(get, path = "/orders", tag = "orders", params(ListParams), responses(
+    (status = 200, description = "A page of orders", body = OrderPage),
+    (status = 422, description = "Bad limit or cursor", body = Problem,
+        content_type = "application/problem+json"),
+))]
+async fn list_orders(
+    State(state): State<AppState>,
+    Query(params): Query<ListParams>,
+) -> Result<Json<OrderPage>, ApiError> {
+    let limit = pagination::limit(params.limit)?;
+    let after = params.cursor.as_deref().map(Cursor::decode).transpose()?;
+    let rows = store::list(&state.pool, after, limit + 1).await?;
+    let (items, next_cursor) =
+        pagination::page(rows, limit, |o| Cursor { t: o.created_at, id: o.id.clone() });
+    Ok(Json(OrderPage { items, next_cursor }))
+}
+
+/// Reads one order.
+#[utoipa::path(get, path = "/orders/{id}", tag = "orders",
+    params(("id" = String, Path, description = "Order id")), responses(
+    (status = 200, description = "The order", body = Order),
+    (status = 404, description = "No such order", body = Problem,
+        content_type = "application/problem+json"),
+))]
+async fn get_order(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<Order>, ApiError> {
+    store::find(&state.pool, &id)
+        .await?
+        .map(Json)
+        .ok_or_else(|| ApiError::not_found(format!("no order {id}")))
+}
+
+/// Marks a placed order paid and emits `OrderPaid`.
+#[utoipa::path(post, path = "/orders/{id}/pay", tag = "orders",
+    params(("id" = String, Path, description = "Order id")), responses(
+    (status = 200, description = "Paid", body = Order),
+    (status = 404, description = "No such order", body = Problem,
+        content_type = "application/problem+json"),
+    (status = 409, description = "The order is not placed", body = Problem,
+        content_type = "application/problem+json"),
+))]
+async fn pay_order(
+    State(state): State<AppState>,
+    TraceParent(traceparent): TraceParent,
+    Path(id): Path<String>,
+) -> Result<Json<Order>, ApiError> {
+    let order =
+        transition(&state.pool, &id, OrderStatus::Placed, OrderStatus::Paid, "OrderPaid", traceparent)
+            .await?;
+    Ok(Json(order))
+}
+
+/// Marks a paid order shipped and emits `OrderShipped`.
+#[utoipa::path(post, path = "/orders/{id}/ship", tag = "orders",
+    params(("id" = String, Path, description = "Order id")), responses(
+    (status = 200, description = "Shipped", body = Order),
+    (status = 404, description = "No such order", body = Problem,
+        content_type = "application/problem+json"),
+    (status = 409, description = "The order is not paid", body = Problem,
+        content_type = "application/problem+json"),
+))]
+async fn ship_order(
+    State(state): State<AppState>,
+    TraceParent(traceparent): TraceParent,
+    Path(id): Path<String>,
+) -> Result<Json<Order>, ApiError> {
+    let order = transition(
+        &state.pool,
+        &id,
+        OrderStatus::Paid,
+        OrderStatus::Shipped,
+        "OrderShipped",
+        traceparent,
+    )
+    .await?;
+    Ok(Json(order))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn new(id: Option<&str>, customer: &str, total_minor: i64) -> NewOrder {
+        NewOrder { id: id.map(str::to_owned), customer: customer.to_owned(), total_minor }
+    }
+
+    fn field(order: NewOrder) -> Option<String> {
+        order.validate().unwrap_err().problem().field
+    }
+
+    #[test]
+    fn validation_names_the_field() {
+        assert_eq!(field(new(Some("a.b"), "ada", 1)).as_deref(), Some("id"));
+        assert_eq!(field(new(None, "", 1)).as_deref(), Some("customer"));
+        assert_eq!(field(new(None, "a\u{0}b", 1)).as_deref(), Some("customer"));
+        assert_eq!(field(new(None, &"x".repeat(201), 1)).as_deref(), Some("customer"));
+        assert_eq!(field(new(None, "ada", 0)).as_deref(), Some("totalMinor"));
+        assert_eq!(field(new(None, "ada", MAX_TOTAL_MINOR + 1)).as_deref(), Some("totalMinor"));
+    }
+
+    #[test]
+    fn valid_order_gets_an_id() {
+        let valid = new(None, "Åsa", MAX_TOTAL_MINOR).validate().unwrap();
+        assert!(uuid::Uuid::parse_str(&valid.id).is_ok());
+        assert_eq!(new(Some("o-1"), "ada", 1).validate().unwrap().id, "o-1");
+    }
+}

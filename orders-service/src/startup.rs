@@ -1,0 +1,105 @@
+//! Building and running the service: the zero-to-production shape, so tests start the real
+//! app on port 0 with their own database and stream.
+
+use std::future::Future;
+
+use anyhow::Context as _;
+use async_nats::jetstream::context::ContextBuilder;
+use axum::Router;
+use outbox_core::{JetStreamPublisher, Relay};
+use service_kit::http::{self, BackgroundTask, Health};
+use service_kit::infra;
+use sqlx::PgPool;
+use tokio::net::TcpListener;
+use utoipa::OpenApi;
+use utoipa_axum::router::OpenApiRouter;
+
+use crate::{Config, orders, outbox_api};
+
+/// What handlers share.
+#[derive(Debug, Clone)]
+pub struct AppState {
+    /// The orders database (orders and outbox).
+    pub pool: PgPool,
+}
+
+#[derive(OpenApi)]
+#[openapi(info(
+    title = "orders-service",
+    description = "Orders whose events are published through a transactional outbox."
+))]
+struct ApiDoc;
+
+/// The whole HTTP API.
+pub fn router(state: AppState, health: Health) -> Router {
+    let api = OpenApiRouter::with_openapi(ApiDoc::openapi())
+        .merge(orders::router())
+        .merge(outbox_api::router())
+        .with_state(state)
+        .merge(http::health_router(health));
+    http::finish(api)
+}
+
+/// Applies the `outbox-core` outbox tables and the service's own migrations.
+pub async fn migrate(pool: &PgPool) -> anyhow::Result<()> {
+    outbox_core::migrate::outbox(pool).await.context("outbox migrations failed")?;
+    outbox_core::migrate::run(sqlx::migrate!("../migrations/orders"), pool)
+        .await
+        .context("orders migrations failed")
+}
+
+/// A built service, listening but not yet serving.
+#[derive(Debug)]
+pub struct App {
+    listener: TcpListener,
+    router: Router,
+    relay: Option<Relay<JetStreamPublisher>>,
+    pool: PgPool,
+}
+
+impl App {
+    /// Connects (creating the database if missing), migrates, sets up the stream and binds.
+    pub async fn build(config: Config) -> anyhow::Result<Self> {
+        let common = &config.common;
+        let pool = infra::connect_db(&common.database_url, common.database_max_connections).await?;
+        migrate(&pool).await?;
+
+        let nats = infra::connect_nats(&common.nats_url, "orders-service").await?;
+        let jetstream = ContextBuilder::new().timeout(config.publish_timeout).build(nats.clone());
+        infra::ensure_stream(&jetstream, common).await?;
+        let relay = config.relay_enabled.then(|| {
+            Relay::new(pool.clone(), JetStreamPublisher::new(jetstream), config.relay.clone())
+        });
+
+        let listener = TcpListener::bind(&common.listen_addr)
+            .await
+            .with_context(|| format!("cannot listen on LISTEN_ADDR={}", common.listen_addr))?;
+        let router = router(AppState { pool: pool.clone() }, Health { pool: pool.clone(), nats });
+        Ok(Self { listener, router, relay, pool })
+    }
+
+    /// The port the API listens on.
+    pub fn port(&self) -> u16 {
+        self.listener.local_addr().map(|a| a.port()).unwrap_or_default()
+    }
+
+    /// The database pool, for tests that check rows.
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// Serves until `shutdown` resolves: stops accepting, finishes in-flight requests, lets the
+    /// relay finish its batch, then returns.
+    pub async fn run_until_stopped(
+        self,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> anyhow::Result<()> {
+        tracing::info!(port = self.port(), "orders-service listening");
+        let tasks: Vec<BackgroundTask> = self
+            .relay
+            .into_iter()
+            .map(|relay| -> BackgroundTask { Box::new(|stop| Box::pin(relay.run(stop))) })
+            .collect();
+        http::run_until_stopped(self.listener, self.router, self.pool, tasks, shutdown).await
+    }
+}

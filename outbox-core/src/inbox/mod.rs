@@ -1,0 +1,158 @@
+//! The consumer side: apply a message's effect at most once per consumer.
+//!
+//! [`Inbox::process`] records the message id and runs the effect in one transaction. A second
+//! delivery of the same id finds the row and returns [`Outcome::Duplicate`] without running the
+//! effect; a failed effect rolls back the record too, so a later delivery tries again. Messages
+//! that can never be applied are kept as dead letters ([`Inbox::dead_letter`]).
+
+pub(crate) mod storage;
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use futures::future::BoxFuture;
+use serde::Serialize;
+use sqlx::{PgConnection, PgPool};
+
+use crate::Error;
+
+/// What happened to a message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome<T> {
+    /// The effect ran and committed with the inbox record.
+    Processed(T),
+    /// The message was processed before; nothing ran.
+    Duplicate,
+}
+
+/// Why [`Inbox::process`] did not commit.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum InboxError<E> {
+    /// The effect failed; nothing was recorded.
+    #[error("message effect failed")]
+    Effect(#[source] E),
+    /// The inbox's own statements or the commit failed; nothing was recorded.
+    #[error("inbox database error")]
+    Database(#[from] sqlx::Error),
+}
+
+/// Counts for dashboards, over the inbox's retention window.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
+pub struct InboxStats {
+    /// Messages whose effect was applied.
+    pub processed: i64,
+    /// Deliveries recognised as duplicates of processed messages.
+    pub duplicate: i64,
+    /// Dead letters not yet retried.
+    pub dead: i64,
+}
+
+/// A message kept because it could not be parsed or applied.
+#[derive(Debug, Clone, Serialize)]
+#[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct DeadLetter {
+    /// Dead letter id.
+    pub id: i64,
+    /// The message id, when the message had one.
+    pub message_id: Option<String>,
+    /// The NATS subject it arrived on.
+    pub subject: String,
+    /// Its headers, as a JSON object of arrays.
+    pub headers: serde_json::Value,
+    /// Its body.
+    #[serde(skip)]
+    pub payload: Vec<u8>,
+    /// Why it was dead-lettered.
+    pub error: String,
+    /// How many times the broker had delivered it.
+    pub deliveries: i64,
+    /// When it was dead-lettered.
+    pub created_at: DateTime<Utc>,
+}
+
+/// A message to keep as a dead letter.
+#[derive(Debug, Clone)]
+pub struct NewDeadLetter<'a> {
+    /// The message id, when the message had one.
+    pub message_id: Option<&'a str>,
+    /// The NATS subject.
+    pub subject: &'a str,
+    /// Headers as a JSON object of arrays.
+    pub headers: serde_json::Value,
+    /// The body.
+    pub payload: &'a [u8],
+    /// Why it cannot be applied.
+    pub error: &'a str,
+    /// Delivery count reported by the broker.
+    pub deliveries: i64,
+}
+
+/// The inbox of one consumer.
+#[derive(Debug, Clone)]
+pub struct Inbox {
+    pool: PgPool,
+    consumer: String,
+}
+
+impl Inbox {
+    /// The inbox of `consumer` (usually the durable consumer's name) in `pool`.
+    pub fn new(pool: PgPool, consumer: impl Into<String>) -> Self {
+        Self { pool, consumer: consumer.into() }
+    }
+
+    /// Runs `effect` for `message_id` unless this consumer already processed it, in one
+    /// transaction with the inbox record.
+    ///
+    /// Concurrent deliveries of the same id are safe: the second waits on the first's record
+    /// and then sees a duplicate (or, if the first rolled back, runs the effect itself).
+    pub async fn process<T, E, F>(
+        &self,
+        message_id: &str,
+        effect: F,
+    ) -> Result<Outcome<T>, InboxError<E>>
+    where
+        F: for<'c> FnOnce(&'c mut PgConnection) -> BoxFuture<'c, Result<T, E>>,
+    {
+        let mut tx = self.pool.begin().await?;
+        if !storage::record(&mut tx, &self.consumer, message_id).await? {
+            // Commits the duplicate counter.
+            tx.commit().await?;
+            return Ok(Outcome::Duplicate);
+        }
+        let value = effect(&mut tx).await.map_err(InboxError::Effect)?;
+        tx.commit().await?;
+        Ok(Outcome::Processed(value))
+    }
+
+    /// Keeps a message that cannot be parsed or applied, and returns the dead letter's id.
+    pub async fn dead_letter(&self, letter: NewDeadLetter<'_>) -> Result<i64, Error> {
+        Ok(storage::insert_dead(&self.pool, &self.consumer, &letter).await?)
+    }
+
+    /// Lists dead letters not yet retried, after `after_id`, at most `limit`.
+    pub async fn dead(&self, after_id: i64, limit: i64) -> Result<Vec<DeadLetter>, Error> {
+        Ok(storage::dead(&self.pool, &self.consumer, after_id, limit).await?)
+    }
+
+    /// Reads the current [`InboxStats`].
+    pub async fn stats(&self) -> Result<InboxStats, Error> {
+        Ok(storage::stats(&self.pool, &self.consumer).await?)
+    }
+
+    /// Deletes inbox records older than `retention`, `batch` rows per statement, and returns
+    /// how many were deleted. Keep `retention` longer than any redelivery can arrive: a
+    /// message redelivered after its record is gone would be applied again.
+    pub async fn cleanup(&self, retention: Duration, batch: i64) -> Result<u64, Error> {
+        let mut deleted = 0;
+        loop {
+            let n = storage::delete_older(&self.pool, &self.consumer, retention, batch).await?;
+            deleted += n;
+            if n < batch.unsigned_abs() {
+                return Ok(deleted);
+            }
+        }
+    }
+}

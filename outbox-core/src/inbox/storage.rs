@@ -1,0 +1,118 @@
+//! Every SQL statement on the inbox tables.
+
+use std::time::Duration;
+
+use sqlx::{PgConnection, PgPool};
+
+use super::{DeadLetter, InboxStats, NewDeadLetter};
+
+/// Records `message_id` for `consumer`; false (and the duplicate counted) if it was there.
+pub(crate) async fn record(
+    conn: &mut PgConnection,
+    consumer: &str,
+    message_id: &str,
+) -> sqlx::Result<bool> {
+    // xmax = 0 only on a freshly inserted row; on conflict the row was updated instead.
+    sqlx::query_scalar!(
+        r#"
+        INSERT INTO inbox (consumer, message_id) VALUES ($1, $2)
+        ON CONFLICT (consumer, message_id) DO UPDATE SET duplicates = inbox.duplicates + 1
+        RETURNING (xmax = 0) AS "inserted!"
+        "#,
+        consumer,
+        message_id,
+    )
+    .fetch_one(conn)
+    .await
+}
+
+/// Inserts a dead letter and returns its id.
+pub(crate) async fn insert_dead(
+    pool: &PgPool,
+    consumer: &str,
+    letter: &NewDeadLetter<'_>,
+) -> sqlx::Result<i64> {
+    sqlx::query_scalar!(
+        r#"
+        INSERT INTO inbox_dead (consumer, message_id, subject, headers, payload, error, deliveries)
+        VALUES ($1, $2, $3, $4, $5, $6, $7)
+        RETURNING id
+        "#,
+        consumer,
+        letter.message_id,
+        letter.subject,
+        letter.headers,
+        letter.payload,
+        letter.error,
+        letter.deliveries,
+    )
+    .fetch_one(pool)
+    .await
+}
+
+/// Lists open dead letters after `after_id`.
+pub(crate) async fn dead(
+    pool: &PgPool,
+    consumer: &str,
+    after_id: i64,
+    limit: i64,
+) -> sqlx::Result<Vec<DeadLetter>> {
+    sqlx::query_as!(
+        DeadLetter,
+        r#"
+        SELECT id, message_id, subject, headers, payload, error, deliveries, created_at
+        FROM inbox_dead
+        WHERE consumer = $1 AND retried_at IS NULL AND id > $2
+        ORDER BY id
+        LIMIT $3
+        "#,
+        consumer,
+        after_id,
+        limit,
+    )
+    .fetch_all(pool)
+    .await
+}
+
+/// Counts processed messages, duplicates and open dead letters.
+pub(crate) async fn stats(pool: &PgPool, consumer: &str) -> sqlx::Result<InboxStats> {
+    sqlx::query_as!(
+        InboxStats,
+        r#"
+        SELECT
+            (SELECT count(*) FROM inbox WHERE consumer = $1) AS "processed!",
+            (SELECT COALESCE(sum(duplicates), 0)::bigint FROM inbox WHERE consumer = $1)
+                AS "duplicate!",
+            (SELECT count(*) FROM inbox_dead WHERE consumer = $1 AND retried_at IS NULL)
+                AS "dead!"
+        "#,
+        consumer,
+    )
+    .fetch_one(pool)
+    .await
+}
+
+/// Deletes up to `batch` records of `consumer` older than `retention`.
+pub(crate) async fn delete_older(
+    pool: &PgPool,
+    consumer: &str,
+    retention: Duration,
+    batch: i64,
+) -> sqlx::Result<u64> {
+    let result = sqlx::query!(
+        r#"
+        DELETE FROM inbox
+        WHERE (consumer, message_id) IN (
+            SELECT consumer, message_id FROM inbox
+            WHERE consumer = $1 AND received_at < now() - make_interval(secs => $2)
+            LIMIT $3
+        )
+        "#,
+        consumer,
+        retention.as_secs_f64(),
+        batch,
+    )
+    .execute(pool)
+    .await?;
+    Ok(result.rows_affected())
+}

@@ -1,0 +1,36 @@
+//! Transactional outbox and inbox for services built on sqlx (PostgreSQL) and NATS JetStream.
+//!
+//! A service that saves a row and then publishes an event loses the event when it crashes in
+//! between. With this crate the event is written in the same transaction as the row
+//! ([`enqueue`]) and a [`Relay`] publishes it afterwards, at least once, in per-aggregate order.
+//! On the consuming side the [`Inbox`] records each message id in the same transaction as the
+//! message's effect, so a redelivered message does nothing.
+//!
+//! Modules:
+//! - [`event`]: the event a caller enqueues, and the rules its names follow;
+//! - [`outbox`]: [`enqueue`] in the caller's transaction, stats, dead letters and cleanup;
+//! - [`relay`]: the background task that claims pending rows and publishes them;
+//! - [`publisher`]: the [`Publisher`] trait and its JetStream implementation, stream set-up;
+//! - [`inbox`]: at-most-once effects per consumer, stats, dead letters and cleanup;
+//! - [`backoff`]: exponential backoff with jitter for failed publishes;
+//! - [`migrate`]: the tables this crate needs, as sqlx migrators.
+//!
+//! The crate knows nothing about the events' meaning: payloads are JSON values chosen by the
+//! caller.
+
+pub mod backoff;
+mod error;
+pub mod event;
+pub mod inbox;
+pub mod migrate;
+pub mod outbox;
+pub mod publisher;
+pub mod relay;
+
+pub use backoff::Backoff;
+pub use error::{Error, PublishError};
+pub use event::NewEvent;
+pub use inbox::{Inbox, InboxError, Outcome};
+pub use outbox::{OutboxStats, enqueue};
+pub use publisher::{JetStreamPublisher, Message, Publisher};
+pub use relay::{BatchReport, Relay, RelayConfig};

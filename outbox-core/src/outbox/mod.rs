@@ -1,0 +1,85 @@
+//! The producer side: [`enqueue`] in the caller's transaction, stats, dead letters and cleanup.
+
+pub(crate) mod storage;
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use sqlx::{PgPool, Postgres, Transaction};
+use uuid::Uuid;
+
+use crate::{Error, NewEvent};
+
+/// Writes `event` to the outbox inside the caller's transaction and returns its id.
+///
+/// The row becomes visible to the relay only when the caller commits; if the transaction rolls
+/// back, the event never existed. Transactions that enqueue events of the same aggregate are
+/// serialised (a transaction-scoped advisory lock per aggregate), so per aggregate the outbox
+/// order is the commit order.
+pub async fn enqueue(tx: &mut Transaction<'_, Postgres>, event: &NewEvent) -> Result<Uuid, Error> {
+    let id = Uuid::now_v7();
+    storage::insert(tx, id, event).await?;
+    Ok(id)
+}
+
+/// A snapshot of the outbox for dashboards and alerts.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct OutboxStats {
+    /// Events not yet published (including those waiting behind a dead event).
+    pub pending: i64,
+    /// Events that exhausted their attempts and wait for an operator.
+    pub dead: i64,
+    /// Aggregates whose later events are held back by a dead event.
+    pub parked: i64,
+    /// Age of the oldest pending event, 0 when nothing is pending.
+    pub oldest_pending_seconds: f64,
+}
+
+/// Reads the current [`OutboxStats`].
+pub async fn stats(pool: &PgPool) -> Result<OutboxStats, Error> {
+    Ok(storage::stats(pool).await?)
+}
+
+/// An event that exhausted its attempts.
+#[derive(Debug, Clone, Serialize)]
+#[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct DeadEvent {
+    /// Position in the outbox, used to page.
+    pub seq: i64,
+    /// The CloudEvents id.
+    pub id: Uuid,
+    /// Aggregate type.
+    pub aggregate_type: String,
+    /// Aggregate id.
+    pub aggregate_id: String,
+    /// Event type.
+    pub event_type: String,
+    /// Publish attempts made.
+    pub attempts: i32,
+    /// The last publish error.
+    pub last_error: Option<String>,
+    /// When the event was enqueued.
+    pub created_at: DateTime<Utc>,
+}
+
+/// Lists dead events in outbox order, after `after_seq`, at most `limit`.
+pub async fn dead(pool: &PgPool, after_seq: i64, limit: i64) -> Result<Vec<DeadEvent>, Error> {
+    Ok(storage::dead(pool, after_seq, limit).await?)
+}
+
+/// Deletes published and skipped events older than `retention`, `batch` rows per statement.
+/// Returns how many rows were deleted.
+pub async fn cleanup(pool: &PgPool, retention: Duration, batch: i64) -> Result<u64, Error> {
+    let mut deleted = 0;
+    loop {
+        let n = storage::delete_finished(pool, retention, batch).await?;
+        deleted += n;
+        if n < batch.unsigned_abs() {
+            return Ok(deleted);
+        }
+    }
+}

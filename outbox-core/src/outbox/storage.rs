@@ -1,0 +1,199 @@
+//! Every SQL statement on the outbox table.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use sqlx::{PgConnection, PgPool};
+use uuid::Uuid;
+
+use super::{DeadEvent, OutboxStats};
+use crate::NewEvent;
+
+/// A claimed row, ready to publish.
+#[derive(Debug)]
+pub(crate) struct Claimed {
+    pub(crate) seq: i64,
+    pub(crate) id: Uuid,
+    pub(crate) aggregate_type: String,
+    pub(crate) aggregate_id: String,
+    pub(crate) event_type: String,
+    pub(crate) payload: String,
+    pub(crate) traceparent: Option<String>,
+    pub(crate) attempts: i32,
+    pub(crate) created_at: DateTime<Utc>,
+}
+
+/// Inserts one event after taking the per-aggregate advisory lock held until commit.
+pub(crate) async fn insert(
+    conn: &mut PgConnection,
+    id: Uuid,
+    event: &NewEvent,
+) -> sqlx::Result<()> {
+    sqlx::query!(
+        r#"
+        WITH aggregate_lock AS (
+            SELECT pg_advisory_xact_lock(hashtextextended('outbox/' || $2 || '/' || $3, 0))
+        )
+        INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload, traceparent)
+        SELECT $1, $2, $3, $4, $5, $6 FROM aggregate_lock
+        "#,
+        id,
+        event.aggregate_type,
+        event.aggregate_id,
+        event.event_type,
+        event.payload,
+        event.traceparent,
+    )
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// Locks up to `limit` due pending rows (skipping rows other relays hold) and returns those that
+/// head their aggregate: every earlier unpublished event of the aggregate is in the same claim.
+pub(crate) async fn claim(conn: &mut PgConnection, limit: i64) -> sqlx::Result<Vec<Claimed>> {
+    sqlx::query_as!(
+        Claimed,
+        r#"
+        WITH claimed AS (
+            SELECT seq, aggregate_type, aggregate_id
+            FROM outbox o
+            WHERE status = 'pending' AND next_attempt_at <= now()
+              -- Aggregates parked behind a dead event or waiting out a backoff are not claimed,
+              -- so they cannot fill the batch and starve the others.
+              AND NOT EXISTS (
+                  SELECT 1 FROM outbox p
+                  WHERE p.aggregate_type = o.aggregate_type AND p.aggregate_id = o.aggregate_id
+                    AND p.seq < o.seq
+                    AND (p.status = 'dead' OR (p.status = 'pending' AND p.next_attempt_at > now()))
+              )
+            ORDER BY seq
+            LIMIT $1
+            FOR UPDATE SKIP LOCKED
+        ),
+        barrier AS (
+            SELECT o.aggregate_type, o.aggregate_id, min(o.seq) AS seq
+            FROM outbox o
+            JOIN (SELECT DISTINCT aggregate_type, aggregate_id FROM claimed) a
+              ON a.aggregate_type = o.aggregate_type AND a.aggregate_id = o.aggregate_id
+            WHERE o.status IN ('pending', 'dead')
+              AND o.seq NOT IN (SELECT seq FROM claimed)
+            GROUP BY o.aggregate_type, o.aggregate_id
+        )
+        SELECT o.seq, o.id, o.aggregate_type, o.aggregate_id, o.event_type,
+               o.payload::text AS "payload!", o.traceparent, o.attempts, o.created_at
+        FROM outbox o
+        JOIN claimed c ON c.seq = o.seq
+        LEFT JOIN barrier b
+          ON b.aggregate_type = o.aggregate_type AND b.aggregate_id = o.aggregate_id
+        WHERE b.seq IS NULL OR o.seq < b.seq
+        ORDER BY o.seq
+        "#,
+        limit,
+    )
+    .fetch_all(conn)
+    .await
+}
+
+/// Marks rows published.
+pub(crate) async fn mark_published(conn: &mut PgConnection, seqs: &[i64]) -> sqlx::Result<()> {
+    sqlx::query!(
+        "UPDATE outbox SET status = 'published', published_at = now() WHERE seq = ANY($1)",
+        seqs,
+    )
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// Records failed attempts: error, next attempt after the given delay, dead at `max_attempts`.
+/// Returns the seqs that became dead.
+pub(crate) async fn mark_failed(
+    conn: &mut PgConnection,
+    seqs: &[i64],
+    errors: &[String],
+    delays_seconds: &[f64],
+    max_attempts: i32,
+) -> sqlx::Result<Vec<i64>> {
+    sqlx::query_scalar!(
+        r#"
+        UPDATE outbox o
+        SET attempts = o.attempts + 1,
+            last_error = f.error,
+            next_attempt_at = now() + make_interval(secs => f.delay),
+            status = CASE WHEN o.attempts + 1 >= $4 THEN 'dead' ELSE 'pending' END
+        FROM unnest($1::bigint[], $2::text[], $3::float8[]) AS f(seq, error, delay)
+        WHERE o.seq = f.seq
+        RETURNING CASE WHEN o.status = 'dead' THEN o.seq END AS "seq"
+        "#,
+        seqs,
+        errors,
+        delays_seconds,
+        max_attempts,
+    )
+    .fetch_all(conn)
+    .await
+    .map(|rows| rows.into_iter().flatten().collect())
+}
+
+/// Counts pending, dead and parked events and the age of the oldest pending one.
+pub(crate) async fn stats(pool: &PgPool) -> sqlx::Result<OutboxStats> {
+    sqlx::query_as!(
+        OutboxStats,
+        r#"
+        SELECT
+            count(*) FILTER (WHERE status = 'pending') AS "pending!",
+            count(*) FILTER (WHERE status = 'dead') AS "dead!",
+            count(DISTINCT (aggregate_type, aggregate_id)) FILTER (WHERE status = 'dead')
+                AS "parked!",
+            COALESCE(EXTRACT(EPOCH FROM now() - min(created_at) FILTER (WHERE status = 'pending')),
+                     0)::float8 AS "oldest_pending_seconds!"
+        FROM outbox
+        WHERE status IN ('pending', 'dead')
+        "#
+    )
+    .fetch_one(pool)
+    .await
+}
+
+/// Lists dead events after `after_seq` in outbox order.
+pub(crate) async fn dead(pool: &PgPool, after_seq: i64, limit: i64) -> sqlx::Result<Vec<DeadEvent>> {
+    sqlx::query_as!(
+        DeadEvent,
+        r#"
+        SELECT seq, id, aggregate_type, aggregate_id, event_type, attempts, last_error, created_at
+        FROM outbox
+        WHERE status = 'dead' AND seq > $1
+        ORDER BY seq
+        LIMIT $2
+        "#,
+        after_seq,
+        limit,
+    )
+    .fetch_all(pool)
+    .await
+}
+
+/// Deletes up to `batch` published or skipped rows created more than `retention` ago.
+pub(crate) async fn delete_finished(
+    pool: &PgPool,
+    retention: Duration,
+    batch: i64,
+) -> sqlx::Result<u64> {
+    let result = sqlx::query!(
+        r#"
+        DELETE FROM outbox
+        WHERE seq IN (
+            SELECT seq FROM outbox
+            WHERE status IN ('published', 'skipped')
+              AND created_at < now() - make_interval(secs => $1)
+            LIMIT $2
+        )
+        "#,
+        retention.as_secs_f64(),
+        batch,
+    )
+    .execute(pool)
+    .await?;
+    Ok(result.rows_affected())
+}

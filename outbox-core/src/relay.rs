@@ -1,0 +1,222 @@
+//! The relay: claims pending outbox rows, publishes them, and records the outcome.
+//!
+//! One pass ([`Relay::run_once`]) works in one database transaction:
+//! 1. claim up to `batch_size` due rows with `FOR UPDATE SKIP LOCKED`, keeping only rows whose
+//!    earlier unpublished events are in the same claim (another relay may hold the rest);
+//! 2. publish in waves: the first event of every aggregate, then the second, and so on, each
+//!    wave pipelined; a failed event drops its aggregate's later events from the pass;
+//! 3. mark the acknowledged rows published and the failed ones retried later (or dead), commit.
+//!
+//! A crash between publish and commit publishes the row again; the broker drops the copy inside
+//! its duplicate window (`Nats-Msg-Id`) and the consumer's inbox drops it after that.
+
+use std::collections::{HashMap, VecDeque};
+use std::time::Duration;
+
+use async_nats::HeaderMap;
+use bytes::Bytes;
+use chrono::SecondsFormat;
+use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
+
+use crate::outbox::storage::{self, Claimed};
+use crate::{Backoff, Error, Message, Publisher};
+
+/// How the relay runs.
+#[derive(Debug, Clone)]
+pub struct RelayConfig {
+    /// First subject token; a message goes to `{prefix}.{event_type}.{aggregate_id}`.
+    pub subject_prefix: String,
+    /// The CloudEvents `source` attribute, e.g. `/orders-service`.
+    pub source: String,
+    /// Most rows claimed per pass.
+    pub batch_size: i64,
+    /// Attempts after which an event is dead and parks its aggregate.
+    pub max_attempts: i32,
+    /// Wait between passes when there was nothing (more) to do.
+    pub poll_interval: Duration,
+    /// Delay between attempts of a failed event.
+    pub backoff: Backoff,
+}
+
+impl RelayConfig {
+    /// Defaults for everything but the subject prefix and the CloudEvents source.
+    pub fn new(subject_prefix: impl Into<String>, source: impl Into<String>) -> Self {
+        Self {
+            subject_prefix: subject_prefix.into(),
+            source: source.into(),
+            batch_size: 500,
+            max_attempts: 10,
+            poll_interval: Duration::from_millis(100),
+            backoff: Backoff::default(),
+        }
+    }
+}
+
+/// What one pass did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BatchReport {
+    /// Rows claimed and eligible (heads of their aggregate within the claim).
+    pub claimed: usize,
+    /// Rows acknowledged by the broker and marked published.
+    pub published: usize,
+    /// Rows whose publish failed this pass (including those that became dead).
+    pub failed: usize,
+    /// Rows that became dead this pass.
+    pub dead: usize,
+}
+
+/// Publishes committed outbox rows.
+#[derive(Debug)]
+pub struct Relay<P> {
+    pool: PgPool,
+    publisher: P,
+    config: RelayConfig,
+}
+
+impl<P: Publisher> Relay<P> {
+    /// A relay over the outbox in `pool`.
+    pub fn new(pool: PgPool, publisher: P, config: RelayConfig) -> Self {
+        Self { pool, publisher, config }
+    }
+
+    /// Runs passes until `shutdown` is cancelled; a pass in progress is finished first.
+    pub async fn run(self, shutdown: CancellationToken) {
+        tracing::info!(prefix = %self.config.subject_prefix, "relay started");
+        while !shutdown.is_cancelled() {
+            let wait = match self.run_once().await {
+                Ok(report) if report.claimed as i64 >= self.config.batch_size => continue,
+                Ok(_) => self.config.poll_interval,
+                Err(error) => {
+                    tracing::error!(error = ?error, "relay pass failed");
+                    self.config.poll_interval.max(Duration::from_secs(1))
+                }
+            };
+            tokio::select! {
+                () = shutdown.cancelled() => {}
+                () = tokio::time::sleep(wait) => {}
+            }
+        }
+        tracing::info!("relay stopped");
+    }
+
+    /// One pass: claim, publish, record. See the module documentation.
+    pub async fn run_once(&self) -> Result<BatchReport, Error> {
+        let mut tx = self.pool.begin().await?;
+        let claimed = storage::claim(&mut tx, self.config.batch_size).await?;
+        let mut report = BatchReport { claimed: claimed.len(), ..BatchReport::default() };
+        if claimed.is_empty() {
+            tx.commit().await?;
+            return Ok(report);
+        }
+
+        let mut queues = by_aggregate(claimed);
+        let mut published = Vec::new();
+        let mut failed = Failures::default();
+        loop {
+            let wave: Vec<(usize, Claimed)> = queues
+                .iter_mut()
+                .enumerate()
+                .filter_map(|(i, queue)| queue.pop_front().map(|row| (i, row)))
+                .collect();
+            if wave.is_empty() {
+                break;
+            }
+            let messages = wave.iter().map(|(_, row)| self.message(row)).collect();
+            let results = self.publisher.publish(messages).await;
+            for ((queue, row), result) in wave.into_iter().zip(results) {
+                match result {
+                    Ok(()) => published.push(row.seq),
+                    Err(error) => {
+                        let attempts = row.attempts.unsigned_abs() + 1;
+                        let delay = self.config.backoff.delay(attempts, &mut rand::rng());
+                        tracing::warn!(
+                            event.id = %row.id, aggregate.id = %row.aggregate_id, attempts,
+                            error = %error.chain(), "publish failed"
+                        );
+                        failed.push(row.seq, error.chain(), delay);
+                        // Later events of this aggregate must not overtake the failed one.
+                        queues[queue].clear();
+                    }
+                }
+            }
+        }
+
+        storage::mark_published(&mut tx, &published).await?;
+        let dead = storage::mark_failed(
+            &mut tx,
+            &failed.seqs,
+            &failed.errors,
+            &failed.delays,
+            self.config.max_attempts,
+        )
+        .await?;
+        tx.commit().await?;
+
+        for seq in &dead {
+            tracing::error!(outbox.seq = seq, "event is dead; its aggregate is parked");
+        }
+        report.published = published.len();
+        report.failed = failed.seqs.len();
+        report.dead = dead.len();
+        Ok(report)
+    }
+
+    /// The broker message for a row: CloudEvents binary mode over NATS headers.
+    fn message(&self, row: &Claimed) -> Message {
+        let mut headers = HeaderMap::new();
+        headers.insert("ce-specversion", "1.0");
+        headers.insert("ce-id", row.id.to_string().as_str());
+        headers.insert("ce-type", row.event_type.as_str());
+        headers.insert("ce-source", self.config.source.as_str());
+        headers.insert("ce-subject", row.aggregate_id.as_str());
+        headers.insert(
+            "ce-time",
+            row.created_at.to_rfc3339_opts(SecondsFormat::Micros, true).as_str(),
+        );
+        headers.insert("content-type", "application/json");
+        if let Some(traceparent) = &row.traceparent {
+            headers.insert("traceparent", traceparent.as_str());
+        }
+        Message {
+            id: row.id,
+            subject: format!(
+                "{}.{}.{}",
+                self.config.subject_prefix, row.event_type, row.aggregate_id
+            ),
+            headers,
+            payload: Bytes::from(row.payload.clone()),
+        }
+    }
+}
+
+/// Splits claimed rows (in seq order) into one queue per aggregate, each in seq order.
+fn by_aggregate(rows: Vec<Claimed>) -> Vec<VecDeque<Claimed>> {
+    let mut index: HashMap<(String, String), usize> = HashMap::new();
+    let mut queues: Vec<VecDeque<Claimed>> = Vec::new();
+    for row in rows {
+        let key = (row.aggregate_type.clone(), row.aggregate_id.clone());
+        let i = *index.entry(key).or_insert_with(|| {
+            queues.push(VecDeque::new());
+            queues.len() - 1
+        });
+        queues[i].push_back(row);
+    }
+    queues
+}
+
+/// Failed rows, as the column arrays `mark_failed` takes.
+#[derive(Default)]
+struct Failures {
+    seqs: Vec<i64>,
+    errors: Vec<String>,
+    delays: Vec<f64>,
+}
+
+impl Failures {
+    fn push(&mut self, seq: i64, error: String, delay: Duration) {
+        self.seqs.push(seq);
+        self.errors.push(error);
+        self.delays.push(delay.as_secs_f64());
+    }
+}

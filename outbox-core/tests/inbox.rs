@@ -1,0 +1,68 @@
+//! The inbox against the real PostgreSQL.
+
+mod common;
+
+use common::migrate;
+use outbox_core::{Inbox, InboxError, Outcome};
+use sqlx::PgPool;
+
+async fn count(pool: &PgPool, table: &str) -> i64 {
+    let sql = format!("SELECT count(*) FROM {table}");
+    sqlx::query_scalar(sqlx::AssertSqlSafe(sql)).fetch_one(pool).await.unwrap()
+}
+
+#[sqlx::test(migrations = false)]
+async fn second_delivery_is_a_duplicate_and_runs_nothing(pool: PgPool) {
+    migrate(&pool).await;
+    sqlx::query("CREATE TABLE effects (n int)").execute(&pool).await.unwrap();
+    let inbox = Inbox::new(pool.clone(), "billing");
+    for expected in [Outcome::Processed(()), Outcome::Duplicate, Outcome::Duplicate] {
+        let outcome = inbox
+            .process("m1", |conn| {
+                Box::pin(async move {
+                    sqlx::query("INSERT INTO effects VALUES (1)").execute(conn).await.map(drop)
+                })
+            })
+            .await
+            .unwrap();
+        assert_eq!(outcome, expected);
+    }
+    assert_eq!(count(&pool, "effects").await, 1);
+    let stats = inbox.stats().await.unwrap();
+    assert_eq!((stats.processed, stats.duplicate), (1, 2));
+    // Another consumer has its own inbox.
+    let other = Inbox::new(pool.clone(), "audit");
+    let outcome = other
+        .process("m1", |_| Box::pin(async { Ok::<_, std::convert::Infallible>(()) }))
+        .await
+        .unwrap();
+    assert_eq!(outcome, Outcome::Processed(()));
+}
+
+#[sqlx::test(migrations = false)]
+async fn failed_effect_records_nothing_and_can_run_again(pool: PgPool) {
+    migrate(&pool).await;
+    sqlx::query("CREATE TABLE effects (n int)").execute(&pool).await.unwrap();
+    let inbox = Inbox::new(pool.clone(), "billing");
+    let failed = inbox
+        .process("m1", |conn| {
+            Box::pin(async move {
+                sqlx::query("INSERT INTO effects VALUES (1)").execute(conn).await.unwrap();
+                Err::<(), _>("cannot apply yet")
+            })
+        })
+        .await;
+    assert!(matches!(failed, Err(InboxError::Effect("cannot apply yet"))));
+    assert_eq!((count(&pool, "effects").await, count(&pool, "inbox").await), (0, 0));
+
+    let retried = inbox
+        .process("m1", |conn| {
+            Box::pin(async move {
+                sqlx::query("INSERT INTO effects VALUES (1)").execute(conn).await.map(drop)
+            })
+        })
+        .await
+        .unwrap();
+    assert_eq!(retried, Outcome::Processed(()));
+    assert_eq!(count(&pool, "effects").await, 1);
+}

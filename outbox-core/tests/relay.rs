@@ -1,0 +1,200 @@
+//! The relay against the real PostgreSQL and nats-server.
+
+mod common;
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{Fault, FaultyPublisher, TestStream, enqueue, eventually, migrate};
+use outbox_core::{Relay, outbox};
+use serde_json::json;
+use sqlx::PgPool;
+
+async fn pending(pool: &PgPool) -> i64 {
+    outbox::stats(pool).await.unwrap().pending
+}
+
+#[sqlx::test(migrations = false)]
+async fn rolled_back_enqueue_leaves_nothing(pool: PgPool) {
+    migrate(&pool).await;
+    let mut tx = pool.begin().await.unwrap();
+    let event = outbox_core::NewEvent::new("order", "o1", "OrderPlaced", &json!({})).unwrap();
+    outbox_core::enqueue(&mut tx, &event).await.unwrap();
+    tx.rollback().await.unwrap();
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox").fetch_one(&pool).await.unwrap();
+    assert_eq!(rows, 0);
+}
+
+/// o7 has three events and its first publish fails once; o8 has one. The first pass publishes
+/// only o8; at the end the stream holds o8, then o7's three events in commit order.
+#[sqlx::test(migrations = false)]
+async fn failed_publish_holds_back_later_events_of_its_aggregate(pool: PgPool) {
+    migrate(&pool).await;
+    let stream = TestStream::new().await;
+    for event_type in ["OrderPlaced", "OrderPaid", "OrderShipped"] {
+        enqueue(&pool, "o7", event_type, json!({"orderId": "o7"})).await;
+    }
+    enqueue(&pool, "o8", "OrderPlaced", json!({"orderId": "o8"})).await;
+    let publisher =
+        FaultyPublisher::new(stream.publisher()).with_aggregate_faults("o7", vec![Fault::Before]);
+    let relay = Relay::new(pool.clone(), publisher, stream.relay_config());
+
+    let first = relay.run_once().await.unwrap();
+    assert_eq!((first.published, first.failed), (1, 1), "{first:?}");
+    let only_o8: Vec<_> = stream.contents().await.into_iter().map(|(s, t, _)| (s, t)).collect();
+    assert_eq!(only_o8, [("o8".to_owned(), "OrderPlaced".to_owned())]);
+
+    eventually("the outbox to drain", Duration::from_secs(10), || async {
+        relay.run_once().await.unwrap();
+        (pending(&pool).await == 0).then_some(())
+    })
+    .await;
+    let order: Vec<_> = stream.contents().await.into_iter().map(|(s, t, _)| format!("{s}:{t}")).collect();
+    assert_eq!(order, ["o8:OrderPlaced", "o7:OrderPlaced", "o7:OrderPaid", "o7:OrderShipped"]);
+    stream.delete().await;
+}
+
+/// Two relays at once over 20 pending rows: every row is handed to a publisher exactly once.
+#[sqlx::test(migrations = false)]
+async fn two_relays_publish_each_row_once(pool: PgPool) {
+    migrate(&pool).await;
+    let stream = TestStream::new().await;
+    for i in 0..20 {
+        enqueue(&pool, &format!("o{i}"), "OrderPlaced", json!({"i": i})).await;
+    }
+    let mut relays = Vec::new();
+    let mut asked = Vec::new();
+    // Both relays hold their first claim at once: without SKIP LOCKED they would claim the same
+    // rows.
+    let barrier = Arc::new(tokio::sync::Barrier::new(2));
+    for _ in 0..2 {
+        let publisher =
+            FaultyPublisher::new(stream.publisher()).with_first_call_barrier(barrier.clone());
+        asked.push(publisher.asked.clone());
+        let mut config = stream.relay_config();
+        // Small batches so that the two relays interleave.
+        config.batch_size = 3;
+        relays.push(Relay::new(pool.clone(), publisher, config));
+    }
+    let drains = relays.into_iter().map(|relay| {
+        let pool = pool.clone();
+        tokio::spawn(async move {
+            while pending(&pool).await > 0 {
+                relay.run_once().await.unwrap();
+            }
+        })
+    });
+    for drain in drains.collect::<Vec<_>>() {
+        drain.await.unwrap();
+    }
+
+    let all: Vec<String> = asked.iter().flat_map(|a| a.lock().unwrap().clone()).collect();
+    let distinct: HashSet<&String> = all.iter().collect();
+    assert_eq!(all.len(), 20, "publish calls: {all:?}");
+    assert_eq!(distinct.len(), 20);
+    assert!(asked.iter().all(|a| !a.lock().unwrap().is_empty()), "both relays took part");
+    let contents = stream.contents().await;
+    let ids: HashSet<&String> = contents.iter().map(|(_, _, id)| id).collect();
+    assert_eq!((contents.len(), ids.len()), (20, 20));
+    stream.delete().await;
+}
+
+/// An event whose publish always fails becomes dead after max_attempts; cleanup then removes
+/// published outbox rows and old inbox rows but keeps the dead one.
+#[sqlx::test(migrations = false)]
+async fn always_failing_event_becomes_dead_and_cleanup_keeps_it(pool: PgPool) {
+    migrate(&pool).await;
+    let stream = TestStream::new().await;
+    enqueue(&pool, "doomed", "OrderPlaced", json!({})).await;
+    enqueue(&pool, "fine", "OrderPlaced", json!({})).await;
+    let publisher = FaultyPublisher::new(stream.publisher()).failing_forever("doomed");
+    let mut config = stream.relay_config();
+    config.max_attempts = 3;
+    let relay = Relay::new(pool.clone(), publisher, config);
+
+    let mut dead = 0;
+    for _ in 0..3 {
+        dead += relay.run_once().await.unwrap().dead;
+    }
+    assert_eq!(dead, 1);
+    let stats = outbox::stats(&pool).await.unwrap();
+    assert_eq!((stats.pending, stats.dead), (0, 1), "{stats:?}");
+    let dead_rows = outbox::dead(&pool, 0, 10).await.unwrap();
+    assert_eq!(dead_rows.len(), 1);
+    assert_eq!(dead_rows[0].aggregate_id, "doomed");
+    assert_eq!(dead_rows[0].attempts, 3);
+    assert!(dead_rows[0].last_error.as_deref().unwrap().contains("broker unreachable"));
+    // Nothing more to do: a dead event is not retried by the relay.
+    assert_eq!(relay.run_once().await.unwrap().claimed, 0);
+
+    let inbox = outbox_core::Inbox::new(pool.clone(), "billing");
+    let outcome = inbox
+        .process("m1", |_conn| Box::pin(async { Ok::<_, std::convert::Infallible>(()) }))
+        .await
+        .unwrap();
+    assert_eq!(outcome, outbox_core::Outcome::Processed(()));
+
+    assert_eq!(outbox::cleanup(&pool, Duration::ZERO, 1).await.unwrap(), 1);
+    assert_eq!(inbox.cleanup(Duration::ZERO, 100).await.unwrap(), 1);
+    let statuses: Vec<String> =
+        sqlx::query_scalar("SELECT status FROM outbox").fetch_all(&pool).await.unwrap();
+    assert_eq!(statuses, ["dead"]);
+    assert_eq!(inbox.stats().await.unwrap().processed, 0);
+    stream.delete().await;
+}
+
+/// A dead head parks its aggregate: later events of that aggregate are not published, others
+/// are.
+#[sqlx::test(migrations = false)]
+async fn dead_head_parks_its_aggregate(pool: PgPool) {
+    migrate(&pool).await;
+    let stream = TestStream::new().await;
+    enqueue(&pool, "o1", "OrderPlaced", json!({})).await;
+    let publisher = FaultyPublisher::new(stream.publisher()).failing_forever("o1");
+    let mut config = stream.relay_config();
+    config.max_attempts = 1;
+    let relay = Relay::new(pool.clone(), publisher, config.clone());
+    assert_eq!(relay.run_once().await.unwrap().dead, 1);
+
+    enqueue(&pool, "o1", "OrderPaid", json!({})).await;
+    enqueue(&pool, "o2", "OrderPlaced", json!({})).await;
+    let healthy = Relay::new(pool.clone(), stream.publisher(), config);
+    let report = healthy.run_once().await.unwrap();
+    assert_eq!(report.published, 1, "{report:?}");
+    let contents: Vec<_> = stream.contents().await.into_iter().map(|(s, t, _)| format!("{s}:{t}")).collect();
+    assert_eq!(contents, ["o2:OrderPlaced"]);
+    let stats = outbox::stats(&pool).await.unwrap();
+    assert_eq!((stats.pending, stats.dead, stats.parked), (1, 1, 1), "{stats:?}");
+    stream.delete().await;
+}
+
+/// Each message carries the CloudEvents attributes and Nats-Msg-Id of DESIGN.md.
+#[sqlx::test(migrations = false)]
+async fn messages_carry_cloudevents_headers(pool: PgPool) {
+    migrate(&pool).await;
+    let stream = TestStream::new().await;
+    let traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let mut tx = pool.begin().await.unwrap();
+    let event = outbox_core::NewEvent::new("order", "o9", "OrderPlaced", &json!({"orderId": "o9"}))
+        .unwrap()
+        .with_traceparent(Some(traceparent.into()));
+    let id = outbox_core::enqueue(&mut tx, &event).await.unwrap();
+    tx.commit().await.unwrap();
+    Relay::new(pool.clone(), stream.publisher(), stream.relay_config()).run_once().await.unwrap();
+
+    let message = stream.stream().await.get_raw_message(1).await.unwrap();
+    assert_eq!(message.subject.as_str(), format!("{}.OrderPlaced.o9", stream.prefix));
+    let header = |name: &str| message.headers.get(name).map(|v| v.as_str().to_owned());
+    assert_eq!(header("ce-specversion").as_deref(), Some("1.0"));
+    assert_eq!(header("ce-id"), Some(id.to_string()));
+    assert_eq!(header("Nats-Msg-Id"), Some(id.to_string()));
+    assert_eq!(header("ce-type").as_deref(), Some("OrderPlaced"));
+    assert_eq!(header("ce-source").as_deref(), Some("/test"));
+    assert_eq!(header("ce-subject").as_deref(), Some("o9"));
+    assert!(chrono::DateTime::parse_from_rfc3339(&header("ce-time").unwrap()).is_ok());
+    assert_eq!(header("traceparent").as_deref(), Some(traceparent));
+    let body: serde_json::Value = serde_json::from_slice(&message.payload).unwrap();
+    assert_eq!(body, json!({"orderId": "o9"}));
+    stream.delete().await;
+}

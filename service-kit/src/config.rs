@@ -1,0 +1,138 @@
+//! Settings from the environment. A bad value stops start-up with the variable's name.
+
+use std::fmt::Display;
+use std::str::FromStr;
+use std::time::Duration;
+
+/// A variable that is set but unusable.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid value for {name}: {reason}")]
+pub struct ConfigError {
+    /// The environment variable.
+    pub name: &'static str,
+    /// What is wrong with it.
+    pub reason: String,
+}
+
+/// The variable's value, or `default` when it is unset or empty.
+pub fn string(name: &'static str, default: &str) -> String {
+    optional(name).unwrap_or_else(|| default.to_owned())
+}
+
+/// The variable's value, `None` when unset or empty.
+pub fn optional(name: &'static str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.is_empty())
+}
+
+/// The variable parsed as `T`, or `default` when unset.
+pub fn parse<T>(name: &'static str, default: T) -> Result<T, ConfigError>
+where
+    T: FromStr,
+    T::Err: Display,
+{
+    parse_value(name, optional(name), default)
+}
+
+/// `raw` (the value of variable `name`) parsed as `T`, or `default` when absent.
+fn parse_value<T>(name: &'static str, raw: Option<String>, default: T) -> Result<T, ConfigError>
+where
+    T: FromStr,
+    T::Err: Display,
+{
+    match raw {
+        None => Ok(default),
+        Some(raw) => raw
+            .parse()
+            .map_err(|e: T::Err| ConfigError { name, reason: format!("{raw:?}: {e}") }),
+    }
+}
+
+/// The variable as a whole number of milliseconds, or `default`.
+pub fn millis(name: &'static str, default: Duration) -> Result<Duration, ConfigError> {
+    let default_ms = u64::try_from(default.as_millis()).unwrap_or(u64::MAX);
+    parse(name, default_ms).map(Duration::from_millis)
+}
+
+/// A NATS subject token or stream name: no `.`, `*`, `>` or whitespace.
+pub fn nats_name(name: &'static str, default: &str) -> Result<String, ConfigError> {
+    let value = string(name, default);
+    if outbox_core::event::is_valid_token(&value) {
+        Ok(value)
+    } else {
+        Err(ConfigError {
+            name,
+            reason: format!("{value:?}: use 1-128 ASCII letters, digits, '-', '_', ':' or '@'"),
+        })
+    }
+}
+
+/// Fails with the variable's name unless `check` holds.
+pub fn ensure(name: &'static str, check: bool, reason: &str) -> Result<(), ConfigError> {
+    if check { Ok(()) } else { Err(ConfigError { name, reason: reason.to_owned() }) }
+}
+
+/// The settings both services read, with the service's own defaults.
+#[derive(Debug, Clone)]
+pub struct Common {
+    /// `DATABASE_URL`: the service's database; created at start-up if missing.
+    pub database_url: String,
+    /// `DATABASE_MAX_CONNECTIONS`: pool size.
+    pub database_max_connections: u32,
+    /// `NATS_URL`.
+    pub nats_url: String,
+    /// `LISTEN_ADDR`: where the HTTP API listens (`127.0.0.1:0` picks a free port).
+    pub listen_addr: String,
+    /// `NATS_STREAM`: the JetStream stream of order events.
+    pub stream: String,
+    /// `NATS_SUBJECT_PREFIX`: the stream captures `{prefix}.>`.
+    pub subject_prefix: String,
+    /// `NATS_DUPLICATE_WINDOW_MS`: the stream's deduplication window.
+    pub duplicate_window: Duration,
+    /// `NATS_STREAM_REPLICAS`: stream replicas in a cluster.
+    pub stream_replicas: usize,
+    /// `ADMIN_TOKEN`: bearer token of the admin endpoints; unset disables them.
+    pub admin_token: Option<String>,
+    /// `LOG_FORMAT`: `json` or `pretty`.
+    pub log_format: String,
+}
+
+impl Common {
+    /// Reads the shared settings; `database` and `listen_addr` are the service's defaults.
+    pub fn from_env(database: &str, listen_addr: &str) -> Result<Self, ConfigError> {
+        let common = Self {
+            database_url: string("DATABASE_URL", database),
+            database_max_connections: parse("DATABASE_MAX_CONNECTIONS", 10)?,
+            nats_url: string("NATS_URL", "nats://127.0.0.1:4222"),
+            listen_addr: string("LISTEN_ADDR", listen_addr),
+            stream: nats_name("NATS_STREAM", "ORDERS")?,
+            subject_prefix: nats_name("NATS_SUBJECT_PREFIX", "orders")?,
+            duplicate_window: millis("NATS_DUPLICATE_WINDOW_MS", Duration::from_secs(120))?,
+            stream_replicas: parse("NATS_STREAM_REPLICAS", 1)?,
+            admin_token: optional("ADMIN_TOKEN"),
+            log_format: string("LOG_FORMAT", "pretty"),
+        };
+        ensure("DATABASE_MAX_CONNECTIONS", common.database_max_connections > 0, "must be at least 1")?;
+        ensure("NATS_STREAM_REPLICAS", (1..=5).contains(&common.stream_replicas), "must be 1 to 5")?;
+        ensure("NATS_DUPLICATE_WINDOW_MS", !common.duplicate_window.is_zero(), "must be positive")?;
+        Ok(common)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parse_error_names_the_variable() {
+        let err = parse_value::<u32>("RELAY_BATCH_SIZE", Some("twelve".into()), 1).unwrap_err();
+        assert_eq!(err.name, "RELAY_BATCH_SIZE");
+        assert!(err.to_string().starts_with("invalid value for RELAY_BATCH_SIZE"), "{err}");
+    }
+
+    #[test]
+    fn absent_means_default_and_present_is_parsed() {
+        assert_eq!(parse_value("X", None, 7_u32).unwrap(), 7);
+        assert_eq!(parse_value("X", Some("42".into()), 7_u32).unwrap(), 42);
+        assert_eq!(millis("SERVICE_KIT_TEST_UNSET", Duration::from_secs(2)).unwrap().as_secs(), 2);
+    }
+}

@@ -1,0 +1,190 @@
+//! The HTTP side every service shares: middleware, health, API docs, serving.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::{DefaultBodyLimit, FromRequestParts, MatchedPath, State};
+use axum::http::request::Parts;
+use axum::http::{HeaderName, Request};
+use axum::response::Response;
+use serde::Serialize;
+use sqlx::PgPool;
+use tokio::net::TcpListener;
+use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
+use tower_http::trace::TraceLayer;
+use tokio_util::sync::CancellationToken;
+use utoipa::ToSchema;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+use utoipa_swagger_ui::SwaggerUi;
+
+use crate::problem::{self, InternalCause};
+use crate::{ApiError, Json};
+
+/// Largest request body accepted.
+pub const BODY_LIMIT: usize = 64 * 1024;
+
+const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+
+/// Adds `/openapi.json`, `/docs`, the problem+json fallbacks and the middleware stack.
+pub fn finish(router: OpenApiRouter) -> Router {
+    let (router, api) = router.split_for_parts();
+    router
+        .merge(SwaggerUi::new("/docs").url("/openapi.json", api))
+        .fallback(problem::not_found)
+        .method_not_allowed_fallback(problem::method_not_allowed)
+        .layer(axum::middleware::map_response(log_failures))
+        .layer(DefaultBodyLimit::max(BODY_LIMIT))
+        .layer(TraceLayer::new_for_http().make_span_with(request_span))
+        .layer(PropagateRequestIdLayer::new(REQUEST_ID))
+        .layer(SetRequestIdLayer::new(REQUEST_ID, MakeRequestUuid))
+}
+
+/// The span of one request, with OpenTelemetry-style field names.
+fn request_span<B>(request: &Request<B>) -> tracing::Span {
+    let route = request.extensions().get::<MatchedPath>().map_or("", MatchedPath::as_str);
+    let request_id = request
+        .headers()
+        .get(REQUEST_ID)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default();
+    tracing::info_span!(
+        "request",
+        http.request.method = %request.method(),
+        http.route = route,
+        url.path = request.uri().path(),
+        request_id,
+    )
+}
+
+/// Logs the cause of a 500 inside the request span; the body never carries it.
+pub async fn log_failures(response: Response) -> Response {
+    if let Some(InternalCause(cause)) = response.extensions().get::<InternalCause>() {
+        tracing::error!(error = ?cause, "request failed");
+    }
+    response
+}
+
+/// The W3C `traceparent` of the incoming request, if it sent one.
+#[derive(Debug, Clone, Default)]
+pub struct TraceParent(pub Option<String>);
+
+impl<S: Send + Sync> FromRequestParts<S> for TraceParent {
+    type Rejection = Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        let value = parts.headers.get("traceparent").and_then(|v| v.to_str().ok());
+        Ok(Self(value.map(str::to_owned)))
+    }
+}
+
+/// What readiness depends on.
+#[derive(Debug, Clone)]
+pub struct Health {
+    /// The service's database.
+    pub pool: PgPool,
+    /// The NATS connection.
+    pub nats: async_nats::Client,
+}
+
+/// The body of `/healthz` and `/readyz`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Status {
+    /// `ok` when healthy.
+    #[schema(example = "ok")]
+    pub status: &'static str,
+}
+
+/// `/healthz` and `/readyz`.
+pub fn health_router<S: Clone + Send + Sync + 'static>(health: Health) -> OpenApiRouter<S> {
+    OpenApiRouter::new().routes(routes!(healthz)).routes(routes!(readyz)).with_state(health)
+}
+
+/// The process is alive.
+#[utoipa::path(get, path = "/healthz", tag = "health",
+    responses((status = 200, description = "The process is alive", body = Status)))]
+async fn healthz() -> Json<Status> {
+    Json(Status { status: "ok" })
+}
+
+/// The database and NATS are reachable.
+#[utoipa::path(get, path = "/readyz", tag = "health", responses(
+    (status = 200, description = "Ready to serve", body = Status),
+    (status = 503, description = "A dependency is unreachable", body = problem::Problem,
+        content_type = "application/problem+json"),
+))]
+async fn readyz(State(health): State<Health>) -> Result<Json<Status>, ApiError> {
+    let ping = tokio::time::timeout(
+        Duration::from_secs(2),
+        sqlx::query_scalar!("SELECT 1 AS \"one!\"").fetch_one(&health.pool),
+    )
+    .await;
+    if !matches!(ping, Ok(Ok(_))) {
+        return Err(ApiError::unavailable("the database is unreachable"));
+    }
+    if health.nats.connection_state() != async_nats::connection::State::Connected {
+        return Err(ApiError::unavailable("NATS is unreachable"));
+    }
+    Ok(Json(Status { status: "ok" }))
+}
+
+/// Serves `router` on `listener` until `shutdown` resolves, then lets in-flight requests finish.
+pub async fn serve(
+    listener: TcpListener,
+    router: Router,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, router).with_graceful_shutdown(shutdown).await
+}
+
+/// Resolves on Ctrl-C or SIGTERM.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        if tokio::signal::ctrl_c().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {}
+        () = terminate => {}
+    }
+    tracing::info!("shutdown signal received");
+}
+
+/// A background loop (relay, consumer) that stops when its token is cancelled.
+pub type BackgroundTask =
+    Box<dyn FnOnce(CancellationToken) -> futures::future::BoxFuture<'static, ()> + Send>;
+
+/// Runs `tasks` and serves `router` until `shutdown` resolves; then stops accepting, finishes
+/// in-flight requests, cancels the tasks, waits for each to finish its unit of work, and closes
+/// the pool.
+pub async fn run_until_stopped(
+    listener: TcpListener,
+    router: Router,
+    pool: PgPool,
+    tasks: Vec<BackgroundTask>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let stop = CancellationToken::new();
+    let handles: Vec<_> = tasks.into_iter().map(|task| tokio::spawn(task(stop.clone()))).collect();
+    let served = serve(listener, router, shutdown).await;
+    stop.cancel();
+    for handle in handles {
+        handle.await?;
+    }
+    pool.close().await;
+    Ok(served?)
+}

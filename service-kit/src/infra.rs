@@ -1,0 +1,73 @@
+//! Connections made at start-up: PostgreSQL (creating the database if missing) and NATS.
+
+use std::time::Duration;
+
+use anyhow::Context as _;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{ConnectOptions as _, PgPool};
+
+/// Connects to `url`, creating its database first if it does not exist.
+pub async fn connect_db(url: &str, max_connections: u32) -> anyhow::Result<PgPool> {
+    let options: PgConnectOptions =
+        url.parse().context("DATABASE_URL is not a valid PostgreSQL URL")?;
+    create_database_if_missing(&options).await?;
+    PgPoolOptions::new()
+        .max_connections(max_connections)
+        .acquire_timeout(Duration::from_secs(5))
+        .connect_with(options)
+        .await
+        .context("cannot connect to DATABASE_URL")
+}
+
+/// Creates the database named in `options` through the server's `postgres` database.
+async fn create_database_if_missing(options: &PgConnectOptions) -> anyhow::Result<()> {
+    let Some(name) = options.get_database().map(str::to_owned) else {
+        return Ok(());
+    };
+    let mut admin = options
+        .clone()
+        .database("postgres")
+        .connect()
+        .await
+        .context("cannot connect to the PostgreSQL server of DATABASE_URL")?;
+    let exists = sqlx::query_scalar!(
+        r#"SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1) AS "exists!""#,
+        name
+    )
+    .fetch_one(&mut admin)
+    .await?;
+    if !exists {
+        let sql = format!(r#"CREATE DATABASE "{}""#, name.replace('"', "\"\""));
+        match sqlx::raw_sql(sqlx::AssertSqlSafe(sql)).execute(&mut admin).await {
+            Ok(_) => tracing::info!(database = %name, "created database"),
+            // Another instance created it at the same moment.
+            Err(e) if e.as_database_error().and_then(|d| d.code()).as_deref() == Some("42P04") => {}
+            Err(e) => return Err(e).context(format!("cannot create database {name}")),
+        }
+    }
+    Ok(())
+}
+
+/// Connects to NATS, failing start-up when the server is unreachable.
+pub async fn connect_nats(url: &str, name: &str) -> anyhow::Result<async_nats::Client> {
+    async_nats::ConnectOptions::new()
+        .name(name)
+        .connect(url)
+        .await
+        .context("cannot connect to NATS_URL")
+}
+
+/// Creates or updates the stream of `common` (file storage, `{prefix}.>`).
+pub async fn ensure_stream(
+    jetstream: &async_nats::jetstream::Context,
+    common: &crate::config::Common,
+) -> anyhow::Result<()> {
+    let spec = outbox_core::publisher::StreamSpec {
+        name: common.stream.clone(),
+        subjects: vec![format!("{}.>", common.subject_prefix)],
+        duplicate_window: common.duplicate_window,
+        replicas: common.stream_replicas,
+    };
+    outbox_core::publisher::ensure_stream(jetstream, &spec).await?;
+    Ok(())
+}

@@ -1,0 +1,21 @@
+//! Shared plumbing of the workspace's services.
+//!
+//! - [`config`]: reading settings from the environment, failing with the variable's name;
+//! - [`telemetry`]: `tracing` subscriber set-up, JSON or pretty;
+//! - [`problem`]: [`ApiError`] and the extractors that turn rejections into problem+json;
+//! - [`http`]: the middleware stack (request id, trace span, error logging), health and
+//!   readiness, `/openapi.json` and `/docs`, serving with graceful shutdown;
+//! - [`infra`]: database creation and connection, NATS connection, stream set-up;
+//! - [`pagination`]: opaque cursors for newest-first lists;
+//! - `testing` (feature `testing`): unique names and bounded waits for tests.
+
+pub mod config;
+pub mod http;
+pub mod infra;
+pub mod pagination;
+pub mod problem;
+pub mod telemetry;
+#[cfg(feature = "testing")]
+pub mod testing;
+
+pub use problem::{ApiError, Json, Path, Query};

@@ -1,0 +1,62 @@
+//! Helpers for tests against the real PostgreSQL and NATS: unique names so tests run in
+//! parallel, and bounded polling instead of sleeps.
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use sqlx::postgres::PgConnectOptions;
+use sqlx::{ConnectOptions as _, Connection as _};
+
+/// A name no other test uses: `prefix` plus a random suffix, valid for databases and streams.
+pub fn unique(prefix: &str) -> String {
+    format!("{prefix}_{}", &uuid::Uuid::new_v4().simple().to_string()[..16])
+}
+
+/// The PostgreSQL server the tests use: `DATABASE_URL` (its database is ignored).
+pub fn server_options() -> PgConnectOptions {
+    std::env::var("DATABASE_URL")
+        .ok()
+        .and_then(|url| url.parse().ok())
+        .unwrap_or_else(|| "postgres://postgres@127.0.0.1:5432/postgres".parse().expect("default URL"))
+}
+
+/// The URL of database `name` on the test server.
+pub fn database_url(name: &str) -> String {
+    server_options().database(name).to_url_lossy().to_string()
+}
+
+/// The NATS server the tests use: `NATS_URL` or localhost.
+pub fn nats_url() -> String {
+    std::env::var("NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into())
+}
+
+/// Drops database `name`, disconnecting whoever still uses it.
+pub async fn drop_database(name: &str) {
+    let mut conn = server_options().database("postgres").connect().await.expect("connect");
+    let sql = format!(r#"DROP DATABASE IF EXISTS "{name}" WITH (FORCE)"#);
+    sqlx::raw_sql(sqlx::AssertSqlSafe(sql)).execute(&mut conn).await.expect("drop database");
+    conn.close().await.ok();
+}
+
+/// Deletes stream `name` (and its consumers) from the test NATS server.
+pub async fn delete_stream(name: &str) {
+    if let Ok(client) = async_nats::connect(nats_url()).await {
+        let _ = async_nats::jetstream::new(client).delete_stream(name).await;
+    }
+}
+
+/// Polls `check` every 20 ms until it returns `Some`, and panics naming `what` after `limit`.
+pub async fn eventually<T, F, Fut>(what: &str, limit: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(Instant::now() < deadline, "timed out after {limit:?} waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
