@@ -5,6 +5,7 @@ use std::future::Future;
 
 use anyhow::Context as _;
 use axum::Router;
+use axum::extract::FromRef;
 use outbox_core::Inbox;
 use service_kit::http::{self, BackgroundTask, Health};
 use service_kit::infra;
@@ -17,12 +18,14 @@ use crate::consumer::{self, Consumer};
 use crate::{Config, inbox_api, invoices};
 
 /// What handlers share.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, FromRef)]
 pub struct AppState {
     /// The billing database (invoices and inbox).
     pub pool: PgPool,
     /// The consumer's inbox.
     pub inbox: Inbox,
+    /// What readiness checks.
+    pub health: Health,
 }
 
 #[derive(OpenApi)]
@@ -32,14 +35,22 @@ pub struct AppState {
 ))]
 struct ApiDoc;
 
-/// The whole HTTP API.
-pub fn router(state: AppState, health: Health) -> Router {
-    let api = OpenApiRouter::with_openapi(ApiDoc::openapi())
+/// Every route, with its OpenAPI description.
+pub fn api() -> OpenApiRouter<AppState> {
+    OpenApiRouter::with_openapi(ApiDoc::openapi())
         .merge(invoices::router())
         .merge(inbox_api::router())
-        .with_state(state)
-        .merge(http::health_router(health));
-    http::finish(api)
+        .merge(http::health_router())
+}
+
+/// The generated OpenAPI document, as served at `/openapi.json`.
+pub fn openapi() -> utoipa::openapi::OpenApi {
+    api().into_openapi()
+}
+
+/// The whole HTTP API.
+pub fn router(state: AppState) -> Router {
+    http::finish(api().with_state(state))
 }
 
 /// Applies the `outbox-core` inbox tables and the service's own migrations.
@@ -84,8 +95,8 @@ impl App {
         let listener = TcpListener::bind(&common.listen_addr)
             .await
             .with_context(|| format!("cannot listen on LISTEN_ADDR={}", common.listen_addr))?;
-        let router =
-            router(AppState { pool: pool.clone(), inbox }, Health { pool: pool.clone(), nats });
+        let health = Health { pool: pool.clone(), nats };
+        let router = router(AppState { pool: pool.clone(), inbox, health });
         Ok(Self { listener, router, consumer, pool })
     }
 

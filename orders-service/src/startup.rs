@@ -6,6 +6,7 @@ use std::future::Future;
 use anyhow::Context as _;
 use async_nats::jetstream::context::ContextBuilder;
 use axum::Router;
+use axum::extract::FromRef;
 use outbox_core::{JetStreamPublisher, Relay};
 use service_kit::http::{self, BackgroundTask, Health};
 use service_kit::infra;
@@ -17,10 +18,12 @@ use utoipa_axum::router::OpenApiRouter;
 use crate::{Config, orders, outbox_api};
 
 /// What handlers share.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, FromRef)]
 pub struct AppState {
     /// The orders database (orders and outbox).
     pub pool: PgPool,
+    /// What readiness checks.
+    pub health: Health,
 }
 
 #[derive(OpenApi)]
@@ -30,14 +33,22 @@ pub struct AppState {
 ))]
 struct ApiDoc;
 
-/// The whole HTTP API.
-pub fn router(state: AppState, health: Health) -> Router {
-    let api = OpenApiRouter::with_openapi(ApiDoc::openapi())
+/// Every route, with its OpenAPI description.
+pub fn api() -> OpenApiRouter<AppState> {
+    OpenApiRouter::with_openapi(ApiDoc::openapi())
         .merge(orders::router())
         .merge(outbox_api::router())
-        .with_state(state)
-        .merge(http::health_router(health));
-    http::finish(api)
+        .merge(http::health_router())
+}
+
+/// The generated OpenAPI document, as served at `/openapi.json`.
+pub fn openapi() -> utoipa::openapi::OpenApi {
+    api().into_openapi()
+}
+
+/// The whole HTTP API.
+pub fn router(state: AppState) -> Router {
+    http::finish(api().with_state(state))
 }
 
 /// Applies the `outbox-core` outbox tables and the service's own migrations.
@@ -74,7 +85,8 @@ impl App {
         let listener = TcpListener::bind(&common.listen_addr)
             .await
             .with_context(|| format!("cannot listen on LISTEN_ADDR={}", common.listen_addr))?;
-        let router = router(AppState { pool: pool.clone() }, Health { pool: pool.clone(), nats });
+        let health = Health { pool: pool.clone(), nats };
+        let router = router(AppState { pool: pool.clone(), health });
         Ok(Self { listener, router, relay, pool })
     }
 

@@ -13,7 +13,8 @@
 //! - [`publisher`]: the [`Publisher`] trait and its JetStream implementation, stream set-up;
 //! - [`inbox`]: at-most-once effects per consumer, stats, dead letters and cleanup;
 //! - [`backoff`]: exponential backoff with jitter for failed publishes;
-//! - [`migrate`]: the tables this crate needs, as sqlx migrators.
+//! - [`migrate`]: the tables this crate needs, as sqlx migrators;
+//! - [`testing`]: a publisher that injects broker faults, for tests of code built on this crate.
 //!
 //! The crate knows nothing about the events' meaning: payloads are JSON values chosen by the
 //! caller.
@@ -26,6 +27,7 @@ pub mod migrate;
 pub mod outbox;
 pub mod publisher;
 pub mod relay;
+pub mod testing;
 
 pub use backoff::Backoff;
 pub use error::{Error, PublishError};

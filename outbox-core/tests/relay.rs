@@ -6,7 +6,8 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{Fault, FaultyPublisher, TestStream, enqueue, eventually, migrate};
+use common::{TestStream, enqueue, eventually, migrate};
+use outbox_core::testing::{Fault, FaultyPublisher};
 use outbox_core::{Relay, outbox};
 use serde_json::json;
 use sqlx::PgPool;
@@ -37,7 +38,7 @@ async fn failed_publish_holds_back_later_events_of_its_aggregate(pool: PgPool) {
     }
     enqueue(&pool, "o8", "OrderPlaced", json!({"orderId": "o8"})).await;
     let publisher =
-        FaultyPublisher::new(stream.publisher()).with_aggregate_faults("o7", vec![Fault::Before]);
+        FaultyPublisher::new(stream.publisher()).with_aggregate_faults("o7", [Fault::Before]);
     let relay = Relay::new(pool.clone(), publisher, stream.relay_config());
 
     let first = relay.run_once().await.unwrap();
@@ -71,7 +72,7 @@ async fn two_relays_publish_each_row_once(pool: PgPool) {
     for _ in 0..2 {
         let publisher =
             FaultyPublisher::new(stream.publisher()).with_first_call_barrier(barrier.clone());
-        asked.push(publisher.asked.clone());
+        asked.push(publisher.asked());
         let mut config = stream.relay_config();
         // Small batches so that the two relays interleave.
         config.batch_size = 3;

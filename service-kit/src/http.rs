@@ -5,7 +5,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use axum::Router;
-use axum::extract::{DefaultBodyLimit, FromRequestParts, MatchedPath, State};
+use axum::extract::{DefaultBodyLimit, FromRef, FromRequestParts, MatchedPath, State};
 use axum::http::request::Parts;
 use axum::http::{HeaderName, Request};
 use axum::response::Response;
@@ -97,9 +97,13 @@ pub struct Status {
     pub status: &'static str,
 }
 
-/// `/healthz` and `/readyz`.
-pub fn health_router<S: Clone + Send + Sync + 'static>(health: Health) -> OpenApiRouter<S> {
-    OpenApiRouter::new().routes(routes!(healthz)).routes(routes!(readyz)).with_state(health)
+/// `/healthz` and `/readyz`, for any state that holds a [`Health`].
+pub fn health_router<S>() -> OpenApiRouter<S>
+where
+    S: Clone + Send + Sync + 'static,
+    Health: FromRef<S>,
+{
+    OpenApiRouter::new().routes(routes!(healthz)).routes(routes!(readyz))
 }
 
 /// The process is alive.

@@ -6,6 +6,8 @@ use std::time::{Duration, Instant};
 
 use sqlx::postgres::PgConnectOptions;
 use sqlx::{ConnectOptions as _, Connection as _};
+use tokio::task::JoinHandle;
+use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
 /// A name no other test uses: `prefix` plus a random suffix, valid for databases and streams.
 pub fn unique(prefix: &str) -> String {
@@ -58,5 +60,33 @@ where
         }
         assert!(Instant::now() < deadline, "timed out after {limit:?} waiting for {what}");
         tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A service started in this process by a test.
+#[derive(Debug)]
+pub struct Running {
+    /// `http://127.0.0.1:{port}`.
+    pub url: String,
+    stop: CancellationToken,
+    task: JoinHandle<anyhow::Result<()>>,
+}
+
+impl Running {
+    /// Spawns `run` (an app's `run_until_stopped`) with a shutdown signal [`Running::stop`]
+    /// fires.
+    pub fn spawn<Fut>(port: u16, run: impl FnOnce(WaitForCancellationFutureOwned) -> Fut) -> Self
+    where
+        Fut: Future<Output = anyhow::Result<()>> + Send + 'static,
+    {
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(run(stop.clone().cancelled_owned()));
+        Self { url: format!("http://127.0.0.1:{port}"), stop, task }
+    }
+
+    /// Shuts the service down gracefully and waits until it has stopped.
+    pub async fn stop(self) {
+        self.stop.cancel();
+        self.task.await.expect("service task").expect("service stopped cleanly");
     }
 }

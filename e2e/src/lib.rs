@@ -1,0 +1,131 @@
+//! The end-to-end harness: both services started in-process on port 0, each test with its
+//! own databases, stream and subject prefix.
+//!
+//! - [`Stack`]: orders-service and billing-service on one stream, or billing alone;
+//! - [`RunningApp`]: one started service, its URL and its database.
+
+use std::time::Duration;
+
+use service_kit::testing;
+use sqlx::PgPool;
+
+pub use service_kit::testing::eventually;
+
+/// The stream, subject prefix and database names of one test.
+#[derive(Debug, Clone)]
+pub struct Names {
+    /// JetStream stream.
+    pub stream: String,
+    /// Subject prefix.
+    pub prefix: String,
+    /// orders-service database.
+    pub orders_db: String,
+    /// billing-service database.
+    pub billing_db: String,
+}
+
+impl Names {
+    /// Fresh names for one test.
+    pub fn unique() -> Self {
+        let stream = testing::unique("E2E");
+        Self {
+            prefix: stream.to_lowercase(),
+            orders_db: testing::unique("e2e_orders"),
+            billing_db: testing::unique("e2e_billing"),
+            stream,
+        }
+    }
+
+    fn apply(&self, common: &mut service_kit::config::Common, database: &str) {
+        common.database_url = testing::database_url(database);
+        common.nats_url = testing::nats_url();
+        common.listen_addr = "127.0.0.1:0".into();
+        common.stream.clone_from(&self.stream);
+        common.subject_prefix.clone_from(&self.prefix);
+    }
+
+    /// orders-service settings for this test.
+    pub fn orders_config(&self) -> orders_service::Config {
+        let mut config = orders_service::Config::from_env().expect("orders config");
+        self.apply(&mut config.common, &self.orders_db);
+        config.relay.subject_prefix.clone_from(&self.prefix);
+        config.relay.poll_interval = Duration::from_millis(20);
+        config
+    }
+
+    /// billing-service settings for this test.
+    pub fn billing_config(&self) -> billing_service::Config {
+        let mut config = billing_service::Config::from_env().expect("billing config");
+        self.apply(&mut config.common, &self.billing_db);
+        config.consumer.retry_delay = Duration::from_millis(100);
+        config
+    }
+
+    /// Drops the databases and the stream.
+    pub async fn clean_up(&self) {
+        testing::drop_database(&self.orders_db).await;
+        testing::drop_database(&self.billing_db).await;
+        testing::delete_stream(&self.stream).await;
+    }
+}
+
+/// One service running in this process.
+#[derive(Debug)]
+pub struct RunningApp {
+    /// `http://127.0.0.1:{port}`.
+    pub url: String,
+    /// Its database.
+    pub pool: PgPool,
+    running: testing::Running,
+}
+
+impl RunningApp {
+    /// Starts orders-service.
+    pub async fn orders(config: orders_service::Config) -> Self {
+        let app = orders_service::App::build(config).await.expect("orders-service starts");
+        let pool = app.pool().clone();
+        let running = testing::Running::spawn(app.port(), |stop| app.run_until_stopped(stop));
+        Self { url: running.url.clone(), pool, running }
+    }
+
+    /// Starts billing-service.
+    pub async fn billing(config: billing_service::Config) -> Self {
+        let app = billing_service::App::build(config).await.expect("billing-service starts");
+        let pool = app.pool().clone();
+        let running = testing::Running::spawn(app.port(), |stop| app.run_until_stopped(stop));
+        Self { url: running.url.clone(), pool, running }
+    }
+
+    /// Shuts the service down gracefully and waits for it.
+    pub async fn stop(self) {
+        self.running.stop().await;
+    }
+}
+
+/// Both services on one stream.
+#[derive(Debug)]
+pub struct Stack {
+    /// This test's names.
+    pub names: Names,
+    /// orders-service.
+    pub orders: RunningApp,
+    /// billing-service.
+    pub billing: RunningApp,
+}
+
+impl Stack {
+    /// Starts both services with fresh databases and a fresh stream.
+    pub async fn start() -> Self {
+        let names = Names::unique();
+        let orders = RunningApp::orders(names.orders_config()).await;
+        let billing = RunningApp::billing(names.billing_config()).await;
+        Self { names, orders, billing }
+    }
+
+    /// Stops both services and removes the databases and the stream.
+    pub async fn stop(self) {
+        self.orders.stop().await;
+        self.billing.stop().await;
+        self.names.clean_up().await;
+    }
+}

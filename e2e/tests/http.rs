@@ -1,0 +1,74 @@
+//! Over HTTP with both services running: an order becomes exactly one invoice.
+
+use std::time::Duration;
+
+use e2e::{Stack, eventually};
+use serde_json::{Value, json};
+
+async fn invoices_of(client: &reqwest::Client, billing: &str, order_id: &str) -> Vec<Value> {
+    let page: Value = client
+        .get(format!("{billing}/invoices?orderId={order_id}"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    page["items"].as_array().unwrap().clone()
+}
+
+#[tokio::test]
+async fn an_order_becomes_exactly_one_invoice_and_a_repeated_post_is_safe() {
+    let stack = Stack::start().await;
+    let client = reqwest::Client::new();
+    let body = json!({"id": "o-http-1", "customer": "ada", "totalMinor": 4200});
+
+    let first = client.post(format!("{}/orders", stack.orders.url)).json(&body).send().await.unwrap();
+    assert_eq!(first.status(), 201);
+    assert_eq!(first.headers()["location"], "/orders/o-http-1");
+    let placed: Value = first.json().await.unwrap();
+    assert_eq!(placed["status"], "placed");
+
+    let invoices = eventually("the invoice", Duration::from_secs(20), || async {
+        let invoices = invoices_of(&client, &stack.billing.url, "o-http-1").await;
+        (!invoices.is_empty()).then_some(invoices)
+    })
+    .await;
+    assert_eq!(invoices.len(), 1);
+    assert_eq!(invoices[0]["totalMinor"], 4200);
+    assert_eq!(invoices[0]["status"], "open");
+
+    let again = client.post(format!("{}/orders", stack.orders.url)).json(&body).send().await.unwrap();
+    assert_eq!(again.status(), 200);
+    assert_eq!(again.json::<Value>().await.unwrap(), placed);
+
+    // Paying goes through the same path and marks the one invoice paid.
+    let paid = client.post(format!("{}/orders/o-http-1/pay", stack.orders.url)).send().await.unwrap();
+    assert_eq!(paid.status(), 200);
+    let invoices = eventually("the paid invoice", Duration::from_secs(20), || async {
+        let invoices = invoices_of(&client, &stack.billing.url, "o-http-1").await;
+        (invoices.first().is_some_and(|i| i["status"] == "paid")).then_some(invoices)
+    })
+    .await;
+    assert_eq!(invoices.len(), 1, "still exactly one invoice: {invoices:?}");
+
+    let stats: Value = client
+        .get(format!("{}/inbox/stats", stack.billing.url))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(stats["processed"], 2, "OrderPlaced and OrderPaid: {stats}");
+    let outbox: Value = client
+        .get(format!("{}/outbox/stats", stack.orders.url))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(outbox["pending"], 0);
+    stack.stop().await;
+}

@@ -1,0 +1,74 @@
+//! The whole pipeline under broker faults: the relay wraps the real JetStream publisher with
+//! injected failures, billing consumes for real.
+
+use std::cell::Cell;
+use std::time::Duration;
+
+use async_nats::jetstream::context::ContextBuilder;
+use e2e::{Names, RunningApp, eventually};
+use orders_service::orders::{self, NewOrder};
+use outbox_core::testing::{Fault, FaultyPublisher};
+use outbox_core::{Backoff, JetStreamPublisher, Relay};
+use service_kit::testing;
+
+/// Twenty orders with totals 1000..=20000. The broker is unreachable for the first three
+/// publishes, and four PubAcks are lost after the broker stored the message. The relay drains
+/// everything; billing ends with exactly 20 invoices summing 210000, and nothing is pending.
+#[tokio::test]
+async fn twenty_orders_survive_broker_faults_and_lost_acks() {
+    let names = Names::unique();
+    // Billing first: it creates the stream and its durable consumer.
+    let billing = RunningApp::billing(names.billing_config()).await;
+    let config = names.orders_config();
+    let pool = service_kit::infra::connect_db(&config.common.database_url, 5).await.unwrap();
+    orders_service::startup::migrate(&pool).await.unwrap();
+
+    for i in 1..=20 {
+        let order = NewOrder { id: Some(format!("o{i}")), customer: "ada".into(), total_minor: i * 1000 };
+        orders::place(&pool, order.validate().unwrap(), None).await.unwrap();
+    }
+
+    let nats = async_nats::connect(testing::nats_url()).await.unwrap();
+    let jetstream = ContextBuilder::new().timeout(Duration::from_secs(5)).build(nats);
+    let faults = [Fault::Before; 3].into_iter().chain([Fault::After; 4]);
+    let publisher = FaultyPublisher::new(JetStreamPublisher::new(jetstream.clone())).with_faults(faults);
+    let mut relay_config = config.relay.clone();
+    relay_config.backoff = Backoff { base: Duration::from_millis(1), max: Duration::from_millis(5) };
+    let relay = Relay::new(pool.clone(), publisher, relay_config);
+
+    let failed = &Cell::new(0);
+    let (relay, pool_ref) = (&relay, &pool);
+    eventually("the outbox to drain", Duration::from_secs(20), || async move {
+        failed.set(failed.get() + relay.run_once().await.unwrap().failed);
+        let stats = outbox_core::outbox::stats(pool_ref).await.unwrap();
+        (stats.pending == 0).then_some(())
+    })
+    .await;
+    assert_eq!(failed.get(), 7, "every injected fault was met");
+    assert_eq!(outbox_core::outbox::stats(&pool).await.unwrap().dead, 0);
+
+    // The broker dropped the re-sent copies of the four stored messages.
+    let stream_messages = jetstream.get_stream(&names.stream).await.unwrap().info().await.unwrap().state.messages;
+    assert_eq!(stream_messages, 20);
+
+    let (count, sum) = eventually("20 invoices", Duration::from_secs(20), || async {
+        let row: (i64, Option<i64>) =
+            sqlx::query_as("SELECT count(*), sum(total_minor)::bigint FROM invoices")
+                .fetch_one(&billing.pool)
+                .await
+                .unwrap();
+        (row.0 >= 20).then_some(row)
+    })
+    .await;
+    assert_eq!((count, sum), (20, Some(210_000)));
+    let per_order: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM (SELECT order_id FROM invoices GROUP BY order_id HAVING count(*) > 1) d")
+            .fetch_one(&billing.pool)
+            .await
+            .unwrap();
+    assert_eq!(per_order, 0, "no order has two invoices");
+
+    pool.close().await;
+    billing.stop().await;
+    names.clean_up().await;
+}

@@ -1,0 +1,184 @@
+//! orders-service over HTTP against the real PostgreSQL and nats-server.
+
+use orders_service::orders::{self, NewOrder};
+use orders_service::{App, Config};
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use service_kit::testing::{self, Running};
+use sqlx::PgPool;
+
+struct TestApp {
+    running: Running,
+    pool: PgPool,
+    client: reqwest::Client,
+    database: String,
+    stream: String,
+}
+
+impl TestApp {
+    async fn spawn() -> Self {
+        let database = testing::unique("orders_test");
+        let stream = testing::unique("ORDERS_TEST");
+        let mut config = Config::from_env().unwrap();
+        config.common.database_url = testing::database_url(&database);
+        config.common.nats_url = testing::nats_url();
+        config.common.listen_addr = "127.0.0.1:0".into();
+        config.common.stream.clone_from(&stream);
+        config.common.subject_prefix = stream.to_lowercase();
+        config.relay.subject_prefix = stream.to_lowercase();
+        let app = App::build(config).await.unwrap();
+        let pool = app.pool().clone();
+        let running = Running::spawn(app.port(), |stop| app.run_until_stopped(stop));
+        Self { running, pool, client: reqwest::Client::new(), database, stream }
+    }
+
+    async fn post(&self, path: &str, body: Option<Value>) -> reqwest::Response {
+        let request = self.client.post(format!("{}{path}", self.running.url));
+        let request = match body {
+            Some(body) => request.json(&body),
+            None => request,
+        };
+        request.send().await.unwrap()
+    }
+
+    async fn get(&self, path: &str) -> reqwest::Response {
+        self.client.get(format!("{}{path}", self.running.url)).send().await.unwrap()
+    }
+
+    async fn count(&self, table: &str) -> i64 {
+        let sql = format!("SELECT count(*) FROM {table}");
+        sqlx::query_scalar(sqlx::AssertSqlSafe(sql)).fetch_one(&self.pool).await.unwrap()
+    }
+
+    async fn stop(self) {
+        self.running.stop().await;
+        testing::drop_database(&self.database).await;
+        testing::delete_stream(&self.stream).await;
+    }
+}
+
+/// Asserts an RFC 9457 body with this status (and field, when given); returns it.
+async fn problem(response: reqwest::Response, status: u16, field: Option<&str>) -> Value {
+    assert_eq!(response.status().as_u16(), status);
+    assert_eq!(response.headers()["content-type"], "application/problem+json");
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["status"], status);
+    assert!(body["type"].is_string() && body["title"].is_string() && body["detail"].is_string());
+    if let Some(field) = field {
+        assert_eq!(body["field"], field, "{body}");
+    }
+    body
+}
+
+#[tokio::test]
+async fn failure_before_commit_leaves_neither_order_nor_event() {
+    let app = TestApp::spawn().await;
+    // The outbox insert fails after the order row was written in the same transaction.
+    sqlx::raw_sql(
+        "CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS \
+         $$ BEGIN RAISE EXCEPTION 'injected failure: secret detail'; END $$; \
+         CREATE TRIGGER refuse BEFORE INSERT ON outbox FOR EACH ROW EXECUTE FUNCTION refuse();",
+    )
+    .execute(&app.pool)
+    .await
+    .unwrap();
+
+    let order = NewOrder { id: Some("o1".into()), customer: "ada".into(), total_minor: 100 };
+    assert!(orders::place(&app.pool, order.validate().unwrap(), None).await.is_err());
+    let response = app.post("/orders", Some(json!({"customer": "ada", "totalMinor": 100}))).await;
+    let body = problem(response, 500, None).await;
+    assert!(!body.to_string().contains("secret"), "500 leaks its cause: {body}");
+
+    assert_eq!((app.count("orders").await, app.count("outbox").await), (0, 0));
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn bad_input_is_refused_with_problem_json_and_changes_nothing() {
+    let app = TestApp::spawn().await;
+    let cases = [
+        (json!({"customer": "", "totalMinor": 1}), 422, Some("customer")),
+        (json!({"customer": "ada", "totalMinor": 0}), 422, Some("totalMinor")),
+        (json!({"customer": "ada", "totalMinor": -5}), 422, Some("totalMinor")),
+        (json!({"id": "a.b", "customer": "ada", "totalMinor": 1}), 422, Some("id")),
+        (json!({"id": "x>", "customer": "ada", "totalMinor": 1}), 422, Some("id")),
+        (json!({"customer": "ada", "totalMinor": 1, "extra": true}), 422, None),
+        (json!({"customer": "ada", "totalMinor": 1.5}), 422, None),
+        (json!({"customer": "ada", "totalMinor": 1e30}), 422, None),
+        (json!({"customer": "ada"}), 422, None),
+    ];
+    for (body, status, field) in cases {
+        problem(app.post("/orders", Some(body)).await, status, field).await;
+    }
+
+    let url = format!("{}/orders", app.running.url);
+    let malformed = app.client.post(&url).header("content-type", "application/json").body("{");
+    problem(malformed.send().await.unwrap(), 400, None).await;
+    let text = app.client.post(&url).header("content-type", "text/plain").body("{}");
+    problem(text.send().await.unwrap(), 415, None).await;
+    let huge = format!(r#"{{"customer": "{}", "totalMinor": 1}}"#, "x".repeat(100_000));
+    let too_large = app.client.post(&url).header("content-type", "application/json").body(huge);
+    problem(too_large.send().await.unwrap(), 413, None).await;
+    problem(app.get("/orders?limit=0").await, 422, Some("limit")).await;
+    problem(app.get("/orders?cursor=nonsense").await, 422, Some("cursor")).await;
+    problem(app.get("/nowhere").await, 404, None).await;
+
+    assert_eq!((app.count("orders").await, app.count("outbox").await), (0, 0));
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn idempotent_post_and_lifecycle_transitions() {
+    let app = TestApp::spawn().await;
+    let body = json!({"id": "o1", "customer": "ada", "totalMinor": 700});
+    let created = app.post("/orders", Some(body.clone())).await;
+    assert_eq!(created.status(), StatusCode::CREATED);
+    let order: Value = created.json().await.unwrap();
+    let again = app.post("/orders", Some(body)).await;
+    assert_eq!(again.status(), StatusCode::OK);
+    assert_eq!(again.json::<Value>().await.unwrap(), order);
+    let different = json!({"id": "o1", "customer": "ada", "totalMinor": 701});
+    problem(app.post("/orders", Some(different)).await, 409, None).await;
+
+    problem(app.post("/orders/o1/ship", None).await, 409, None).await;
+    let paid: Value = app.post("/orders/o1/pay", None).await.json().await.unwrap();
+    assert_eq!(paid["status"], "paid");
+    problem(app.post("/orders/o1/pay", None).await, 409, None).await;
+    let shipped: Value = app.post("/orders/o1/ship", None).await.json().await.unwrap();
+    assert_eq!(shipped["status"], "shipped");
+    problem(app.post("/orders/nope/pay", None).await, 404, None).await;
+    problem(app.get("/orders/nope").await, 404, None).await;
+    let fetched: Value = app.get("/orders/o1").await.json().await.unwrap();
+    assert_eq!(fetched["status"], "shipped");
+
+    let events: Vec<String> =
+        sqlx::query_scalar("SELECT event_type FROM outbox WHERE aggregate_id = 'o1' ORDER BY seq")
+            .fetch_all(&app.pool)
+            .await
+            .unwrap();
+    assert_eq!(events, ["OrderPlaced", "OrderPaid", "OrderShipped"]);
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn list_pages_newest_first() {
+    let app = TestApp::spawn().await;
+    for i in 0..5 {
+        let body = json!({"id": format!("o{i}"), "customer": "ada", "totalMinor": 1 + i});
+        assert_eq!(app.post("/orders", Some(body)).await.status(), StatusCode::CREATED);
+    }
+    let mut seen = Vec::new();
+    let mut path = "/orders?limit=2".to_owned();
+    loop {
+        let page: Value = app.get(&path).await.json().await.unwrap();
+        seen.extend(page["items"].as_array().unwrap().iter().map(|o| o["id"].as_str().unwrap().to_owned()));
+        match page["nextCursor"].as_str() {
+            Some(cursor) => path = format!("/orders?limit=2&cursor={cursor}"),
+            None => break,
+        }
+    }
+    assert_eq!(seen, ["o4", "o3", "o2", "o1", "o0"]);
+    let status: Value = app.get("/readyz").await.json().await.unwrap();
+    assert_eq!(status["status"], "ok");
+    app.stop().await;
+}

@@ -1,0 +1,135 @@
+//! Fault injection for tests of code built on this crate: a [`Publisher`] that wraps a real one
+//! and makes chosen publishes fail before reaching the broker, or lose their acknowledgement
+//! after the broker stored the message.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use tokio::sync::Barrier;
+
+use crate::{Message, PublishError, Publisher};
+
+/// What happens to one publish.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// The broker is unreachable: the message is not sent.
+    Before,
+    /// The broker stores the message, but its acknowledgement is lost.
+    After,
+}
+
+/// Wraps a publisher, injects [`Fault`]s, and records the id of every message it was asked to
+/// publish. Publishes are passed on one at a time.
+#[derive(Debug)]
+pub struct FaultyPublisher<P> {
+    inner: P,
+    state: Mutex<State>,
+    asked: Arc<Mutex<Vec<String>>>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    /// Next faults for any message, last first.
+    faults: Vec<Fault>,
+    /// Next faults per aggregate id, last first.
+    per_aggregate: HashMap<String, Vec<Fault>>,
+    /// Aggregates whose every publish fails.
+    always: Vec<String>,
+    /// Awaited by the first publish call.
+    barrier: Option<Arc<Barrier>>,
+}
+
+impl<P: Publisher> FaultyPublisher<P> {
+    /// Passes everything to `inner` until told otherwise.
+    pub fn new(inner: P) -> Self {
+        Self { inner, state: Mutex::default(), asked: Arc::default() }
+    }
+
+    /// The next publishes, of any aggregate, meet `faults` in order.
+    #[must_use]
+    pub fn with_faults(self, faults: impl IntoIterator<Item = Fault>) -> Self {
+        self.state().faults = reversed(faults);
+        self
+    }
+
+    /// The next publishes of `aggregate_id` meet `faults` in order.
+    #[must_use]
+    pub fn with_aggregate_faults(
+        self,
+        aggregate_id: &str,
+        faults: impl IntoIterator<Item = Fault>,
+    ) -> Self {
+        self.state().per_aggregate.insert(aggregate_id.to_owned(), reversed(faults));
+        self
+    }
+
+    /// Every publish of `aggregate_id` fails before reaching the broker.
+    #[must_use]
+    pub fn failing_forever(self, aggregate_id: &str) -> Self {
+        self.state().always.push(aggregate_id.to_owned());
+        self
+    }
+
+    /// The first publish call waits at `barrier` (with the relay's claim held) until the other
+    /// parties arrive.
+    #[must_use]
+    pub fn with_first_call_barrier(self, barrier: Arc<Barrier>) -> Self {
+        self.state().barrier = Some(barrier);
+        self
+    }
+
+    /// The ids of every message this publisher was asked to publish, in order.
+    pub fn asked(&self) -> Arc<Mutex<Vec<String>>> {
+        self.asked.clone()
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn fault_for(&self, message: &Message) -> Option<Fault> {
+        let aggregate = message.headers.get("ce-subject").map(|v| v.as_str().to_owned())?;
+        let mut state = self.state();
+        if state.always.contains(&aggregate) {
+            return Some(Fault::Before);
+        }
+        if let Some(fault) = state.per_aggregate.get_mut(&aggregate).and_then(Vec::pop) {
+            return Some(fault);
+        }
+        state.faults.pop()
+    }
+}
+
+fn reversed(faults: impl IntoIterator<Item = Fault>) -> Vec<Fault> {
+    let mut faults: Vec<Fault> = faults.into_iter().collect();
+    faults.reverse();
+    faults
+}
+
+impl<P: Publisher> Publisher for FaultyPublisher<P> {
+    async fn publish(&self, messages: Vec<Message>) -> Vec<Result<(), PublishError>> {
+        let barrier = self.state().barrier.take();
+        if let Some(barrier) = barrier {
+            barrier.wait().await;
+        }
+        let mut results = Vec::with_capacity(messages.len());
+        for message in messages {
+            self.asked.lock().unwrap_or_else(PoisonError::into_inner).push(message.id.to_string());
+            let result = match self.fault_for(&message) {
+                Some(Fault::Before) => {
+                    Err(PublishError::NotAccepted("injected fault: broker unreachable".into()))
+                }
+                Some(Fault::After) => match self.inner.publish(vec![message]).await.pop() {
+                    Some(Ok(())) => Err(PublishError::NoAck("injected fault: PubAck lost".into())),
+                    Some(Err(error)) => Err(error),
+                    None => Err(PublishError::NoAck("publisher returned no result".into())),
+                },
+                None => self.inner.publish(vec![message]).await.pop().unwrap_or_else(|| {
+                    Err(PublishError::NoAck("publisher returned no result".into()))
+                }),
+            };
+            results.push(result);
+        }
+        results
+    }
+}
