@@ -33,8 +33,10 @@ pub struct ConsumerConfig {
 impl Config {
     /// Reads the environment; the error names the offending variable.
     pub fn from_env() -> Result<Self, ConfigError> {
-        let common =
-            Common::from_env("postgres://postgres@127.0.0.1:5432/billing", "127.0.0.1:8081")?;
+        let common = Common::from_env(
+            "postgres://postgres@127.0.0.1:5432/billing",
+            "127.0.0.1:8081",
+        )?;
         let consumer = ConsumerConfig {
             name: nats_name("NATS_CONSUMER", "billing")?,
             ack_wait: millis("CONSUMER_ACK_WAIT_MS", Duration::from_secs(30))?,
@@ -42,9 +44,21 @@ impl Config {
             max_retries: parse("CONSUMER_MAX_RETRIES", 100)?,
             batch: parse("CONSUMER_BATCH", 256)?,
         };
-        ensure("CONSUMER_ACK_WAIT_MS", consumer.ack_wait >= Duration::from_secs(1), "must be at least 1000")?;
-        ensure("CONSUMER_MAX_RETRIES", consumer.max_retries >= 1, "must be at least 1")?;
-        ensure("CONSUMER_BATCH", (1..=10_000).contains(&consumer.batch), "must be 1 to 10000")?;
+        ensure(
+            "CONSUMER_ACK_WAIT_MS",
+            consumer.ack_wait >= Duration::from_secs(1),
+            "must be at least 1000",
+        )?;
+        ensure(
+            "CONSUMER_MAX_RETRIES",
+            consumer.max_retries >= 1,
+            "must be at least 1",
+        )?;
+        ensure(
+            "CONSUMER_BATCH",
+            (1..=10_000).contains(&consumer.batch),
+            "must be 1 to 10000",
+        )?;
         Ok(Self { common, consumer })
     }
 }

@@ -51,7 +51,7 @@ pub async fn durable(
 /// The consumer loop of billing-service.
 #[derive(Debug)]
 pub struct Consumer {
-    consumer: PullConsumer,
+    durable: PullConsumer,
     inbox: Inbox,
     config: ConsumerConfig,
 }
@@ -66,8 +66,12 @@ enum Verdict {
 
 impl Consumer {
     /// A consumer feeding `inbox`.
-    pub fn new(consumer: PullConsumer, inbox: Inbox, config: ConsumerConfig) -> Self {
-        Self { consumer, inbox, config }
+    pub fn new(durable: PullConsumer, inbox: Inbox, config: ConsumerConfig) -> Self {
+        Self {
+            durable,
+            inbox,
+            config,
+        }
     }
 
     /// Handles messages until `shutdown` is cancelled; the message in hand is finished first.
@@ -75,7 +79,7 @@ impl Consumer {
         tracing::info!(consumer = %self.config.name, "consumer started");
         while !shutdown.is_cancelled() {
             let messages = self
-                .consumer
+                .durable
                 .stream()
                 .max_messages_per_batch(self.config.batch)
                 .expires(Duration::from_secs(5))
@@ -118,7 +122,10 @@ impl Consumer {
             traceparent = header(&headers, "traceparent"),
             deliveries,
         );
-        let verdict = self.verdict(&headers, &message.payload, deliveries).instrument(span.clone()).await;
+        let verdict = self
+            .verdict(&headers, &message.payload, deliveries)
+            .instrument(span.clone())
+            .await;
         let _entered = span.enter();
         let ack = match verdict {
             Verdict::Ack => AckKind::Ack,
@@ -201,17 +208,20 @@ fn parse(headers: &HeaderMap, payload: &[u8]) -> Result<Option<Change>, String> 
     if !matches!(event_type, "OrderPlaced" | "OrderPaid") {
         return Ok(None);
     }
-    let event: OrderEvent =
-        serde_json::from_slice(payload).map_err(|e| format!("invalid {event_type} payload: {e}"))?;
+    let event: OrderEvent = serde_json::from_slice(payload)
+        .map_err(|e| format!("invalid {event_type} payload: {e}"))?;
     if !outbox_core::event::is_valid_token(&event.order_id) {
         return Err(format!("invalid orderId in {event_type}"));
     }
     Ok(Some(match event_type {
-        "OrderPlaced" if event.total_minor > 0 => {
-            Change::Open { order_id: event.order_id, total_minor: event.total_minor }
-        }
+        "OrderPlaced" if event.total_minor > 0 => Change::Open {
+            order_id: event.order_id,
+            total_minor: event.total_minor,
+        },
         "OrderPlaced" => return Err("OrderPlaced with a non-positive totalMinor".into()),
-        _ => Change::Pay { order_id: event.order_id },
+        _ => Change::Pay {
+            order_id: event.order_id,
+        },
     }))
 }
 
@@ -224,7 +234,10 @@ fn headers_json(headers: &HeaderMap) -> serde_json::Value {
     headers
         .iter()
         .map(|(name, values)| {
-            let values = values.iter().map(|v| serde_json::Value::from(v.as_str())).collect();
+            let values = values
+                .iter()
+                .map(|v| serde_json::Value::from(v.as_str()))
+                .collect();
             (name.to_string(), serde_json::Value::Array(values))
         })
         .collect::<serde_json::Map<_, _>>()
@@ -247,7 +260,10 @@ mod tests {
         let body = br#"{"orderId":"o1","customer":"ada","totalMinor":500,"status":"placed"}"#;
         assert_eq!(
             parse(&headers("OrderPlaced"), body).unwrap(),
-            Some(Change::Open { order_id: "o1".into(), total_minor: 500 })
+            Some(Change::Open {
+                order_id: "o1".into(),
+                total_minor: 500
+            })
         );
     }
 
@@ -255,8 +271,20 @@ mod tests {
     fn unknown_types_are_ignored_and_garbage_is_refused() {
         assert_eq!(parse(&headers("OrderShipped"), b"not json").unwrap(), None);
         assert!(parse(&headers("OrderPlaced"), b"not json").is_err());
-        assert!(parse(&headers("OrderPlaced"), br#"{"orderId":"o1","totalMinor":-5}"#).is_err());
-        assert!(parse(&headers("OrderPaid"), br#"{"orderId":"a.b","totalMinor":5}"#).is_err());
+        assert!(
+            parse(
+                &headers("OrderPlaced"),
+                br#"{"orderId":"o1","totalMinor":-5}"#
+            )
+            .is_err()
+        );
+        assert!(
+            parse(
+                &headers("OrderPaid"),
+                br#"{"orderId":"a.b","totalMinor":5}"#
+            )
+            .is_err()
+        );
         assert!(parse(&HeaderMap::new(), b"{}").is_err());
     }
 }

@@ -9,7 +9,7 @@
 //! - [`startup`]: [`App`]: connections, migrations, the router, the consumer, graceful shutdown;
 //! - [`consumer`]: the consumer loop and the rules for each message;
 //! - [`invoices`]: the `/invoices` resource, its SQL, and how events change invoices;
-//! - [`inbox_api`]: `/inbox/stats`.
+//! - [`inbox_api`]: the `/inbox/stats` route.
 
 pub mod config;
 pub mod consumer;

@@ -55,7 +55,9 @@ pub fn router(state: AppState) -> Router {
 
 /// Applies the `outbox-core` inbox tables and the service's own migrations.
 pub async fn migrate(pool: &PgPool) -> anyhow::Result<()> {
-    outbox_core::migrate::inbox(pool).await.context("inbox migrations failed")?;
+    outbox_core::migrate::inbox(pool)
+        .await
+        .context("inbox migrations failed")?;
     outbox_core::migrate::run(sqlx::migrate!("../migrations/billing"), pool)
         .await
         .context("billing migrations failed")
@@ -95,14 +97,29 @@ impl App {
         let listener = TcpListener::bind(&common.listen_addr)
             .await
             .with_context(|| format!("cannot listen on LISTEN_ADDR={}", common.listen_addr))?;
-        let health = Health { pool: pool.clone(), nats };
-        let router = router(AppState { pool: pool.clone(), inbox, health });
-        Ok(Self { listener, router, consumer, pool })
+        let health = Health {
+            pool: pool.clone(),
+            nats,
+        };
+        let router = router(AppState {
+            pool: pool.clone(),
+            inbox,
+            health,
+        });
+        Ok(Self {
+            listener,
+            router,
+            consumer,
+            pool,
+        })
     }
 
     /// The port the API listens on.
     pub fn port(&self) -> u16 {
-        self.listener.local_addr().map(|a| a.port()).unwrap_or_default()
+        self.listener
+            .local_addr()
+            .map(|a| a.port())
+            .unwrap_or_default()
     }
 
     /// The database pool, for tests that check rows.

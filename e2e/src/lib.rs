@@ -82,18 +82,30 @@ pub struct RunningApp {
 impl RunningApp {
     /// Starts orders-service.
     pub async fn orders(config: orders_service::Config) -> Self {
-        let app = orders_service::App::build(config).await.expect("orders-service starts");
+        let app = orders_service::App::build(config)
+            .await
+            .expect("orders-service starts");
         let pool = app.pool().clone();
         let running = testing::Running::spawn(app.port(), |stop| app.run_until_stopped(stop));
-        Self { url: running.url.clone(), pool, running }
+        Self {
+            url: running.url.clone(),
+            pool,
+            running,
+        }
     }
 
     /// Starts billing-service.
     pub async fn billing(config: billing_service::Config) -> Self {
-        let app = billing_service::App::build(config).await.expect("billing-service starts");
+        let app = billing_service::App::build(config)
+            .await
+            .expect("billing-service starts");
         let pool = app.pool().clone();
         let running = testing::Running::spawn(app.port(), |stop| app.run_until_stopped(stop));
-        Self { url: running.url.clone(), pool, running }
+        Self {
+            url: running.url.clone(),
+            pool,
+            running,
+        }
     }
 
     /// Shuts the service down gracefully and waits for it.
@@ -119,7 +131,11 @@ impl Stack {
         let names = Names::unique();
         let orders = RunningApp::orders(names.orders_config()).await;
         let billing = RunningApp::billing(names.billing_config()).await;
-        Self { names, orders, billing }
+        Self {
+            names,
+            orders,
+            billing,
+        }
     }
 
     /// Stops both services and removes the databases and the stream.

@@ -23,7 +23,12 @@ async fn an_order_becomes_exactly_one_invoice_and_a_repeated_post_is_safe() {
     let client = reqwest::Client::new();
     let body = json!({"id": "o-http-1", "customer": "ada", "totalMinor": 4200});
 
-    let first = client.post(format!("{}/orders", stack.orders.url)).json(&body).send().await.unwrap();
+    let first = client
+        .post(format!("{}/orders", stack.orders.url))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(first.status(), 201);
     assert_eq!(first.headers()["location"], "/orders/o-http-1");
     let placed: Value = first.json().await.unwrap();
@@ -38,12 +43,21 @@ async fn an_order_becomes_exactly_one_invoice_and_a_repeated_post_is_safe() {
     assert_eq!(invoices[0]["totalMinor"], 4200);
     assert_eq!(invoices[0]["status"], "open");
 
-    let again = client.post(format!("{}/orders", stack.orders.url)).json(&body).send().await.unwrap();
+    let again = client
+        .post(format!("{}/orders", stack.orders.url))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(again.status(), 200);
     assert_eq!(again.json::<Value>().await.unwrap(), placed);
 
     // Paying goes through the same path and marks the one invoice paid.
-    let paid = client.post(format!("{}/orders/o-http-1/pay", stack.orders.url)).send().await.unwrap();
+    let paid = client
+        .post(format!("{}/orders/o-http-1/pay", stack.orders.url))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(paid.status(), 200);
     let invoices = eventually("the paid invoice", Duration::from_secs(20), || async {
         let invoices = invoices_of(&client, &stack.billing.url, "o-http-1").await;

@@ -20,35 +20,61 @@ async fn twenty_orders_survive_broker_faults_and_lost_acks() {
     // Billing first: it creates the stream and its durable consumer.
     let billing = RunningApp::billing(names.billing_config()).await;
     let config = names.orders_config();
-    let pool = service_kit::infra::connect_db(&config.common.database_url, 5).await.unwrap();
+    let pool = service_kit::infra::connect_db(&config.common.database_url, 5)
+        .await
+        .unwrap();
     orders_service::startup::migrate(&pool).await.unwrap();
 
     for i in 1..=20 {
-        let order = NewOrder { id: Some(format!("o{i}")), customer: "ada".into(), total_minor: i * 1000 };
-        orders::place(&pool, order.validate().unwrap(), None).await.unwrap();
+        let order = NewOrder {
+            id: Some(format!("o{i}")),
+            customer: "ada".into(),
+            total_minor: i * 1000,
+        };
+        orders::place(&pool, order.validate().unwrap(), None)
+            .await
+            .unwrap();
     }
 
     let nats = async_nats::connect(testing::nats_url()).await.unwrap();
-    let jetstream = ContextBuilder::new().timeout(Duration::from_secs(5)).build(nats);
+    let jetstream = ContextBuilder::new()
+        .timeout(Duration::from_secs(5))
+        .build(nats);
     let faults = [Fault::Before; 3].into_iter().chain([Fault::After; 4]);
-    let publisher = FaultyPublisher::new(JetStreamPublisher::new(jetstream.clone())).with_faults(faults);
+    let publisher =
+        FaultyPublisher::new(JetStreamPublisher::new(jetstream.clone())).with_faults(faults);
     let mut relay_config = config.relay.clone();
-    relay_config.backoff = Backoff { base: Duration::from_millis(1), max: Duration::from_millis(5) };
+    relay_config.backoff = Backoff {
+        base: Duration::from_millis(1),
+        max: Duration::from_millis(5),
+    };
     let relay = Relay::new(pool.clone(), publisher, relay_config);
 
     let failed = &Cell::new(0);
     let (relay, pool_ref) = (&relay, &pool);
-    eventually("the outbox to drain", Duration::from_secs(20), || async move {
-        failed.set(failed.get() + relay.run_once().await.unwrap().failed);
-        let stats = outbox_core::outbox::stats(pool_ref).await.unwrap();
-        (stats.pending == 0).then_some(())
-    })
+    eventually(
+        "the outbox to drain",
+        Duration::from_secs(20),
+        || async move {
+            failed.set(failed.get() + relay.run_once().await.unwrap().failed);
+            let stats = outbox_core::outbox::stats(pool_ref).await.unwrap();
+            (stats.pending == 0).then_some(())
+        },
+    )
     .await;
     assert_eq!(failed.get(), 7, "every injected fault was met");
     assert_eq!(outbox_core::outbox::stats(&pool).await.unwrap().dead, 0);
 
     // The broker dropped the re-sent copies of the four stored messages.
-    let stream_messages = jetstream.get_stream(&names.stream).await.unwrap().info().await.unwrap().state.messages;
+    let stream_messages = jetstream
+        .get_stream(&names.stream)
+        .await
+        .unwrap()
+        .info()
+        .await
+        .unwrap()
+        .state
+        .messages;
     assert_eq!(stream_messages, 20);
 
     let (count, sum) = eventually("20 invoices", Duration::from_secs(20), || async {

@@ -21,7 +21,10 @@ pub struct Config {
 impl Config {
     /// Reads the environment; the error names the offending variable.
     pub fn from_env() -> Result<Self, ConfigError> {
-        let common = Common::from_env("postgres://postgres@127.0.0.1:5432/orders", "127.0.0.1:8080")?;
+        let common = Common::from_env(
+            "postgres://postgres@127.0.0.1:5432/orders",
+            "127.0.0.1:8080",
+        )?;
         let mut relay = RelayConfig::new(&common.subject_prefix, "/orders-service");
         relay.batch_size = parse("RELAY_BATCH_SIZE", relay.batch_size)?;
         relay.max_attempts = parse("RELAY_MAX_ATTEMPTS", relay.max_attempts)?;
@@ -30,15 +33,27 @@ impl Config {
             base: millis("RELAY_BACKOFF_BASE_MS", relay.backoff.base)?,
             max: millis("RELAY_BACKOFF_MAX_MS", relay.backoff.max)?,
         };
-        ensure("RELAY_BATCH_SIZE", (1..=10_000).contains(&relay.batch_size), "must be 1 to 10000")?;
-        ensure("RELAY_MAX_ATTEMPTS", relay.max_attempts >= 1, "must be at least 1")?;
+        ensure(
+            "RELAY_BATCH_SIZE",
+            (1..=10_000).contains(&relay.batch_size),
+            "must be 1 to 10000",
+        )?;
+        ensure(
+            "RELAY_MAX_ATTEMPTS",
+            relay.max_attempts >= 1,
+            "must be at least 1",
+        )?;
         let config = Self {
             relay,
             relay_enabled: parse("RELAY_ENABLED", true)?,
             publish_timeout: millis("NATS_PUBLISH_TIMEOUT_MS", Duration::from_secs(5))?,
             common,
         };
-        ensure("NATS_PUBLISH_TIMEOUT_MS", !config.publish_timeout.is_zero(), "must be positive")?;
+        ensure(
+            "NATS_PUBLISH_TIMEOUT_MS",
+            !config.publish_timeout.is_zero(),
+            "must be positive",
+        )?;
         Ok(config)
     }
 }

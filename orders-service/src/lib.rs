@@ -7,7 +7,7 @@
 //! - [`config`]: settings from the environment;
 //! - [`startup`]: [`App`]: connections, migrations, the router, the relay, graceful shutdown;
 //! - [`orders`]: the `/orders` resource and its SQL;
-//! - [`outbox_api`]: `/outbox/stats`.
+//! - [`outbox_api`]: the `/outbox/stats` route.
 
 pub mod config;
 pub mod orders;

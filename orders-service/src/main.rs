@@ -4,5 +4,8 @@ use orders_service::{App, Config};
 async fn main() -> anyhow::Result<()> {
     let config = Config::from_env()?;
     service_kit::telemetry::init(&config.common.log_format);
-    App::build(config).await?.run_until_stopped(service_kit::http::shutdown_signal()).await
+    App::build(config)
+        .await?
+        .run_until_stopped(service_kit::http::shutdown_signal())
+        .await
 }

@@ -53,7 +53,9 @@ pub fn router(state: AppState) -> Router {
 
 /// Applies the `outbox-core` outbox tables and the service's own migrations.
 pub async fn migrate(pool: &PgPool) -> anyhow::Result<()> {
-    outbox_core::migrate::outbox(pool).await.context("outbox migrations failed")?;
+    outbox_core::migrate::outbox(pool)
+        .await
+        .context("outbox migrations failed")?;
     outbox_core::migrate::run(sqlx::migrate!("../migrations/orders"), pool)
         .await
         .context("orders migrations failed")
@@ -76,23 +78,43 @@ impl App {
         migrate(&pool).await?;
 
         let nats = infra::connect_nats(&common.nats_url, "orders-service").await?;
-        let jetstream = ContextBuilder::new().timeout(config.publish_timeout).build(nats.clone());
+        let jetstream = ContextBuilder::new()
+            .timeout(config.publish_timeout)
+            .build(nats.clone());
         infra::ensure_stream(&jetstream, common).await?;
         let relay = config.relay_enabled.then(|| {
-            Relay::new(pool.clone(), JetStreamPublisher::new(jetstream), config.relay.clone())
+            Relay::new(
+                pool.clone(),
+                JetStreamPublisher::new(jetstream),
+                config.relay.clone(),
+            )
         });
 
         let listener = TcpListener::bind(&common.listen_addr)
             .await
             .with_context(|| format!("cannot listen on LISTEN_ADDR={}", common.listen_addr))?;
-        let health = Health { pool: pool.clone(), nats };
-        let router = router(AppState { pool: pool.clone(), health });
-        Ok(Self { listener, router, relay, pool })
+        let health = Health {
+            pool: pool.clone(),
+            nats,
+        };
+        let router = router(AppState {
+            pool: pool.clone(),
+            health,
+        });
+        Ok(Self {
+            listener,
+            router,
+            relay,
+            pool,
+        })
     }
 
     /// The port the API listens on.
     pub fn port(&self) -> u16 {
-        self.listener.local_addr().map(|a| a.port()).unwrap_or_default()
+        self.listener
+            .local_addr()
+            .map(|a| a.port())
+            .unwrap_or_default()
     }
 
     /// The database pool, for tests that check rows.

@@ -29,7 +29,13 @@ impl TestApp {
         let app = App::build(config).await.unwrap();
         let pool = app.pool().clone();
         let running = Running::spawn(app.port(), |stop| app.run_until_stopped(stop));
-        Self { running, pool, client: reqwest::Client::new(), database, stream }
+        Self {
+            running,
+            pool,
+            client: reqwest::Client::new(),
+            database,
+            stream,
+        }
     }
 
     async fn post(&self, path: &str, body: Option<Value>) -> reqwest::Response {
@@ -42,12 +48,19 @@ impl TestApp {
     }
 
     async fn get(&self, path: &str) -> reqwest::Response {
-        self.client.get(format!("{}{path}", self.running.url)).send().await.unwrap()
+        self.client
+            .get(format!("{}{path}", self.running.url))
+            .send()
+            .await
+            .unwrap()
     }
 
     async fn count(&self, table: &str) -> i64 {
         let sql = format!("SELECT count(*) FROM {table}");
-        sqlx::query_scalar(sqlx::AssertSqlSafe(sql)).fetch_one(&self.pool).await.unwrap()
+        sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+            .fetch_one(&self.pool)
+            .await
+            .unwrap()
     }
 
     async fn stop(self) {
@@ -60,7 +73,10 @@ impl TestApp {
 /// Asserts an RFC 9457 body with this status (and field, when given); returns it.
 async fn problem(response: reqwest::Response, status: u16, field: Option<&str>) -> Value {
     assert_eq!(response.status().as_u16(), status);
-    assert_eq!(response.headers()["content-type"], "application/problem+json");
+    assert_eq!(
+        response.headers()["content-type"],
+        "application/problem+json"
+    );
     let body: Value = response.json().await.unwrap();
     assert_eq!(body["status"], status);
     assert!(body["type"].is_string() && body["title"].is_string() && body["detail"].is_string());
@@ -83,13 +99,32 @@ async fn failure_before_commit_leaves_neither_order_nor_event() {
     .await
     .unwrap();
 
-    let order = NewOrder { id: Some("o1".into()), customer: "ada".into(), total_minor: 100 };
-    assert!(orders::place(&app.pool, order.validate().unwrap(), None).await.is_err());
-    let response = app.post("/orders", Some(json!({"customer": "ada", "totalMinor": 100}))).await;
+    let order = NewOrder {
+        id: Some("o1".into()),
+        customer: "ada".into(),
+        total_minor: 100,
+    };
+    assert!(
+        orders::place(&app.pool, order.validate().unwrap(), None)
+            .await
+            .is_err()
+    );
+    let response = app
+        .post(
+            "/orders",
+            Some(json!({"customer": "ada", "totalMinor": 100})),
+        )
+        .await;
     let body = problem(response, 500, None).await;
-    assert!(!body.to_string().contains("secret"), "500 leaks its cause: {body}");
+    assert!(
+        !body.to_string().contains("secret"),
+        "500 leaks its cause: {body}"
+    );
 
-    assert_eq!((app.count("orders").await, app.count("outbox").await), (0, 0));
+    assert_eq!(
+        (app.count("orders").await, app.count("outbox").await),
+        (0, 0)
+    );
     app.stop().await;
 }
 
@@ -97,12 +132,36 @@ async fn failure_before_commit_leaves_neither_order_nor_event() {
 async fn bad_input_is_refused_with_problem_json_and_changes_nothing() {
     let app = TestApp::spawn().await;
     let cases = [
-        (json!({"customer": "", "totalMinor": 1}), 422, Some("customer")),
-        (json!({"customer": "ada", "totalMinor": 0}), 422, Some("totalMinor")),
-        (json!({"customer": "ada", "totalMinor": -5}), 422, Some("totalMinor")),
-        (json!({"id": "a.b", "customer": "ada", "totalMinor": 1}), 422, Some("id")),
-        (json!({"id": "x>", "customer": "ada", "totalMinor": 1}), 422, Some("id")),
-        (json!({"customer": "ada", "totalMinor": 1, "extra": true}), 422, None),
+        (
+            json!({"customer": "", "totalMinor": 1}),
+            422,
+            Some("customer"),
+        ),
+        (
+            json!({"customer": "ada", "totalMinor": 0}),
+            422,
+            Some("totalMinor"),
+        ),
+        (
+            json!({"customer": "ada", "totalMinor": -5}),
+            422,
+            Some("totalMinor"),
+        ),
+        (
+            json!({"id": "a.b", "customer": "ada", "totalMinor": 1}),
+            422,
+            Some("id"),
+        ),
+        (
+            json!({"id": "x>", "customer": "ada", "totalMinor": 1}),
+            422,
+            Some("id"),
+        ),
+        (
+            json!({"customer": "ada", "totalMinor": 1, "extra": true}),
+            422,
+            None,
+        ),
         (json!({"customer": "ada", "totalMinor": 1.5}), 422, None),
         (json!({"customer": "ada", "totalMinor": 1e30}), 422, None),
         (json!({"customer": "ada"}), 422, None),
@@ -112,18 +171,41 @@ async fn bad_input_is_refused_with_problem_json_and_changes_nothing() {
     }
 
     let url = format!("{}/orders", app.running.url);
-    let malformed = app.client.post(&url).header("content-type", "application/json").body("{");
+    let malformed = app
+        .client
+        .post(&url)
+        .header("content-type", "application/json")
+        .body("{");
     problem(malformed.send().await.unwrap(), 400, None).await;
-    let text = app.client.post(&url).header("content-type", "text/plain").body("{}");
+    let text = app
+        .client
+        .post(&url)
+        .header("content-type", "text/plain")
+        .body("{}");
     problem(text.send().await.unwrap(), 415, None).await;
-    let huge = format!(r#"{{"customer": "{}", "totalMinor": 1}}"#, "x".repeat(100_000));
-    let too_large = app.client.post(&url).header("content-type", "application/json").body(huge);
+    let huge = format!(
+        r#"{{"customer": "{}", "totalMinor": 1}}"#,
+        "x".repeat(100_000)
+    );
+    let too_large = app
+        .client
+        .post(&url)
+        .header("content-type", "application/json")
+        .body(huge);
     problem(too_large.send().await.unwrap(), 413, None).await;
     problem(app.get("/orders?limit=0").await, 422, Some("limit")).await;
-    problem(app.get("/orders?cursor=nonsense").await, 422, Some("cursor")).await;
+    problem(
+        app.get("/orders?cursor=nonsense").await,
+        422,
+        Some("cursor"),
+    )
+    .await;
     problem(app.get("/nowhere").await, 404, None).await;
 
-    assert_eq!((app.count("orders").await, app.count("outbox").await), (0, 0));
+    assert_eq!(
+        (app.count("orders").await, app.count("outbox").await),
+        (0, 0)
+    );
     app.stop().await;
 }
 
@@ -144,7 +226,12 @@ async fn idempotent_post_and_lifecycle_transitions() {
     let paid: Value = app.post("/orders/o1/pay", None).await.json().await.unwrap();
     assert_eq!(paid["status"], "paid");
     problem(app.post("/orders/o1/pay", None).await, 409, None).await;
-    let shipped: Value = app.post("/orders/o1/ship", None).await.json().await.unwrap();
+    let shipped: Value = app
+        .post("/orders/o1/ship", None)
+        .await
+        .json()
+        .await
+        .unwrap();
     assert_eq!(shipped["status"], "shipped");
     problem(app.post("/orders/nope/pay", None).await, 404, None).await;
     problem(app.get("/orders/nope").await, 404, None).await;
@@ -165,13 +252,22 @@ async fn list_pages_newest_first() {
     let app = TestApp::spawn().await;
     for i in 0..5 {
         let body = json!({"id": format!("o{i}"), "customer": "ada", "totalMinor": 1 + i});
-        assert_eq!(app.post("/orders", Some(body)).await.status(), StatusCode::CREATED);
+        assert_eq!(
+            app.post("/orders", Some(body)).await.status(),
+            StatusCode::CREATED
+        );
     }
     let mut seen = Vec::new();
     let mut path = "/orders?limit=2".to_owned();
     loop {
         let page: Value = app.get(&path).await.json().await.unwrap();
-        seen.extend(page["items"].as_array().unwrap().iter().map(|o| o["id"].as_str().unwrap().to_owned()));
+        seen.extend(
+            page["items"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|o| o["id"].as_str().unwrap().to_owned()),
+        );
         match page["nextCursor"].as_str() {
             Some(cursor) => path = format!("/orders?limit=2&cursor={cursor}"),
             None => break,

@@ -9,5 +9,8 @@ fn openapi_matches_snapshot() {
         std::fs::write(path, &generated).unwrap();
     }
     let committed = std::fs::read_to_string(path).unwrap_or_default();
-    assert!(committed == generated, "openapi.json is out of date; see this test's doc comment");
+    assert!(
+        committed == generated,
+        "openapi.json is out of date; see this test's doc comment"
+    );
 }

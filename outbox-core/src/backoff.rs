@@ -16,7 +16,10 @@ pub struct Backoff {
 
 impl Default for Backoff {
     fn default() -> Self {
-        Self { base: Duration::from_millis(100), max: Duration::from_secs(60) }
+        Self {
+            base: Duration::from_millis(100),
+            max: Duration::from_secs(60),
+        }
     }
 }
 
@@ -31,7 +34,7 @@ impl Backoff {
     pub fn delay(&self, attempts: u32, rng: &mut impl Rng) -> Duration {
         let ceiling = self.ceiling(attempts);
         let half = ceiling / 2;
-        half + rng.random_range(Duration::ZERO..=ceiling - half)
+        half + rng.random_range(Duration::ZERO..=ceiling.saturating_sub(half))
     }
 }
 
@@ -39,13 +42,18 @@ impl Backoff {
 mod tests {
     use super::*;
 
-    const BACKOFF: Backoff =
-        Backoff { base: Duration::from_millis(100), max: Duration::from_secs(10) };
+    const BACKOFF: Backoff = Backoff {
+        base: Duration::from_millis(100),
+        max: Duration::from_secs(10),
+    };
 
     #[test]
     fn doubles_then_caps() {
         let ceilings: Vec<u128> = (1..=10).map(|a| BACKOFF.ceiling(a).as_millis()).collect();
-        assert_eq!(ceilings, [100, 200, 400, 800, 1600, 3200, 6400, 10_000, 10_000, 10_000]);
+        assert_eq!(
+            ceilings,
+            [100, 200, 400, 800, 1600, 3200, 6400, 10_000, 10_000, 10_000]
+        );
         assert_eq!(BACKOFF.ceiling(0), Duration::from_millis(100));
         assert_eq!(BACKOFF.ceiling(u32::MAX), Duration::from_secs(10));
     }
@@ -57,14 +65,20 @@ mod tests {
             let ceiling = BACKOFF.ceiling(attempts);
             for _ in 0..100 {
                 let delay = BACKOFF.delay(attempts, &mut rng);
-                assert!(delay >= ceiling / 2 && delay <= ceiling, "{delay:?} for {ceiling:?}");
+                assert!(
+                    delay >= ceiling / 2 && delay <= ceiling,
+                    "{delay:?} for {ceiling:?}"
+                );
             }
         }
     }
 
     #[test]
     fn zero_base_means_no_delay() {
-        let none = Backoff { base: Duration::ZERO, max: Duration::ZERO };
+        let none = Backoff {
+            base: Duration::ZERO,
+            max: Duration::ZERO,
+        };
         assert_eq!(none.delay(5, &mut rand::rng()), Duration::ZERO);
     }
 }

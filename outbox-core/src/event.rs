@@ -94,7 +94,12 @@ mod tests {
         for bad in ["", "a.b", "a*", ">", "a b", "a\nb", "ä", &"x".repeat(129)] {
             assert!(!is_valid_token(bad), "{bad:?} accepted");
         }
-        for good in ["o7", "0193a0c4-7d1e-7c3b-9f1a-1b2c3d4e5f60", "OrderPlaced", "a:b@c_d"] {
+        for good in [
+            "o7",
+            "0193a0c4-7d1e-7c3b-9f1a-1b2c3d4e5f60",
+            "OrderPlaced",
+            "a:b@c_d",
+        ] {
             assert!(is_valid_token(good), "{good:?} refused");
         }
     }
@@ -102,7 +107,13 @@ mod tests {
     #[test]
     fn new_event_names_the_bad_field() {
         let err = NewEvent::new("order", "a.b", "OrderPlaced", &()).unwrap_err();
-        assert!(matches!(err, Error::InvalidEvent { field: "aggregate_id", .. }));
+        assert!(matches!(
+            err,
+            Error::InvalidEvent {
+                field: "aggregate_id",
+                ..
+            }
+        ));
     }
 
     #[test]
@@ -110,9 +121,16 @@ mod tests {
         let event = NewEvent::new("order", "o1", "OrderPlaced", &()).unwrap();
         let good = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
         assert_eq!(
-            event.clone().with_traceparent(Some(good.into())).traceparent.as_deref(),
+            event
+                .clone()
+                .with_traceparent(Some(good.into()))
+                .traceparent
+                .as_deref(),
             Some(good)
         );
-        assert_eq!(event.with_traceparent(Some("nonsense".into())).traceparent, None);
+        assert_eq!(
+            event.with_traceparent(Some("nonsense".into())).traceparent,
+            None
+        );
     }
 }

@@ -50,7 +50,10 @@ impl JetStreamPublisher {
 
     /// A publisher over a JetStream context.
     pub fn new(context: jetstream::Context) -> Self {
-        Self { context, window: Self::DEFAULT_WINDOW }
+        Self {
+            context,
+            window: Self::DEFAULT_WINDOW,
+        }
     }
 
     /// Sets how many publishes may await their acknowledgement at once.
@@ -70,9 +73,13 @@ impl Publisher for JetStreamPublisher {
                 Vec::with_capacity(self.window);
             for message in messages.by_ref().take(self.window) {
                 let mut headers = message.headers;
-                headers.insert(async_nats::header::NATS_MESSAGE_ID, message.id.to_string().as_str());
-                let publish =
-                    jetstream::message::PublishMessage::build().headers(headers).payload(message.payload);
+                headers.insert(
+                    async_nats::header::NATS_MESSAGE_ID,
+                    message.id.to_string().as_str(),
+                );
+                let publish = jetstream::message::PublishMessage::build()
+                    .headers(headers)
+                    .payload(message.payload);
                 pending.push(
                     self.context
                         .send_publish(message.subject, publish)
@@ -126,8 +133,10 @@ pub async fn ensure_stream(
         num_replicas: spec.replicas,
         ..Default::default()
     };
-    context
-        .create_or_update_stream(config)
-        .await
-        .map_err(|e| Error::Stream(format!("creating or updating stream {}", spec.name), e.into()))
+    context.create_or_update_stream(config).await.map_err(|e| {
+        Error::Stream(
+            format!("creating or updating stream {}", spec.name),
+            e.into(),
+        )
+    })
 }

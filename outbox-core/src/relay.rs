@@ -77,7 +77,11 @@ pub struct Relay<P> {
 impl<P: Publisher> Relay<P> {
     /// A relay over the outbox in `pool`.
     pub fn new(pool: PgPool, publisher: P, config: RelayConfig) -> Self {
-        Self { pool, publisher, config }
+        Self {
+            pool,
+            publisher,
+            config,
+        }
     }
 
     /// Runs passes until `shutdown` is cancelled; a pass in progress is finished first.
@@ -104,7 +108,10 @@ impl<P: Publisher> Relay<P> {
     pub async fn run_once(&self) -> Result<BatchReport, Error> {
         let mut tx = self.pool.begin().await?;
         let claimed = storage::claim(&mut tx, self.config.batch_size).await?;
-        let mut report = BatchReport { claimed: claimed.len(), ..BatchReport::default() };
+        let mut report = BatchReport {
+            claimed: claimed.len(),
+            ..BatchReport::default()
+        };
         if claimed.is_empty() {
             tx.commit().await?;
             return Ok(report);
@@ -172,7 +179,9 @@ impl<P: Publisher> Relay<P> {
         headers.insert("ce-subject", row.aggregate_id.as_str());
         headers.insert(
             "ce-time",
-            row.created_at.to_rfc3339_opts(SecondsFormat::Micros, true).as_str(),
+            row.created_at
+                .to_rfc3339_opts(SecondsFormat::Micros, true)
+                .as_str(),
         );
         headers.insert("content-type", "application/json");
         if let Some(traceparent) = &row.traceparent {

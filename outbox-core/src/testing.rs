@@ -42,7 +42,11 @@ struct State {
 impl<P: Publisher> FaultyPublisher<P> {
     /// Passes everything to `inner` until told otherwise.
     pub fn new(inner: P) -> Self {
-        Self { inner, state: Mutex::default(), asked: Arc::default() }
+        Self {
+            inner,
+            state: Mutex::default(),
+            asked: Arc::default(),
+        }
     }
 
     /// The next publishes, of any aggregate, meet `faults` in order.
@@ -59,7 +63,9 @@ impl<P: Publisher> FaultyPublisher<P> {
         aggregate_id: &str,
         faults: impl IntoIterator<Item = Fault>,
     ) -> Self {
-        self.state().per_aggregate.insert(aggregate_id.to_owned(), reversed(faults));
+        self.state()
+            .per_aggregate
+            .insert(aggregate_id.to_owned(), reversed(faults));
         self
     }
 
@@ -88,7 +94,10 @@ impl<P: Publisher> FaultyPublisher<P> {
     }
 
     fn fault_for(&self, message: &Message) -> Option<Fault> {
-        let aggregate = message.headers.get("ce-subject").map(|v| v.as_str().to_owned())?;
+        let aggregate = message
+            .headers
+            .get("ce-subject")
+            .map(|v| v.as_str().to_owned())?;
         let mut state = self.state();
         if state.always.contains(&aggregate) {
             return Some(Fault::Before);
@@ -114,19 +123,27 @@ impl<P: Publisher> Publisher for FaultyPublisher<P> {
         }
         let mut results = Vec::with_capacity(messages.len());
         for message in messages {
-            self.asked.lock().unwrap_or_else(PoisonError::into_inner).push(message.id.to_string());
+            self.asked
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push(message.id.to_string());
             let result = match self.fault_for(&message) {
-                Some(Fault::Before) => {
-                    Err(PublishError::NotAccepted("injected fault: broker unreachable".into()))
-                }
+                Some(Fault::Before) => Err(PublishError::NotAccepted(
+                    "injected fault: broker unreachable".into(),
+                )),
                 Some(Fault::After) => match self.inner.publish(vec![message]).await.pop() {
                     Some(Ok(())) => Err(PublishError::NoAck("injected fault: PubAck lost".into())),
                     Some(Err(error)) => Err(error),
                     None => Err(PublishError::NoAck("publisher returned no result".into())),
                 },
-                None => self.inner.publish(vec![message]).await.pop().unwrap_or_else(|| {
-                    Err(PublishError::NoAck("publisher returned no result".into()))
-                }),
+                None => self
+                    .inner
+                    .publish(vec![message])
+                    .await
+                    .pop()
+                    .unwrap_or_else(|| {
+                        Err(PublishError::NoAck("publisher returned no result".into()))
+                    }),
             };
             results.push(result);
         }

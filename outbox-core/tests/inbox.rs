@@ -8,19 +8,32 @@ use sqlx::PgPool;
 
 async fn count(pool: &PgPool, table: &str) -> i64 {
     let sql = format!("SELECT count(*) FROM {table}");
-    sqlx::query_scalar(sqlx::AssertSqlSafe(sql)).fetch_one(pool).await.unwrap()
+    sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+        .fetch_one(pool)
+        .await
+        .unwrap()
 }
 
 #[sqlx::test(migrations = false)]
 async fn second_delivery_is_a_duplicate_and_runs_nothing(pool: PgPool) {
     migrate(&pool).await;
-    sqlx::query("CREATE TABLE effects (n int)").execute(&pool).await.unwrap();
+    sqlx::query("CREATE TABLE effects (n int)")
+        .execute(&pool)
+        .await
+        .unwrap();
     let inbox = Inbox::new(pool.clone(), "billing");
-    for expected in [Outcome::Processed(()), Outcome::Duplicate, Outcome::Duplicate] {
+    for expected in [
+        Outcome::Processed(()),
+        Outcome::Duplicate,
+        Outcome::Duplicate,
+    ] {
         let outcome = inbox
             .process("m1", |conn| {
                 Box::pin(async move {
-                    sqlx::query("INSERT INTO effects VALUES (1)").execute(conn).await.map(drop)
+                    sqlx::query("INSERT INTO effects VALUES (1)")
+                        .execute(conn)
+                        .await
+                        .map(drop)
                 })
             })
             .await
@@ -33,7 +46,9 @@ async fn second_delivery_is_a_duplicate_and_runs_nothing(pool: PgPool) {
     // Another consumer has its own inbox.
     let other = Inbox::new(pool.clone(), "audit");
     let outcome = other
-        .process("m1", |_| Box::pin(async { Ok::<_, std::convert::Infallible>(()) }))
+        .process("m1", |_| {
+            Box::pin(async { Ok::<_, std::convert::Infallible>(()) })
+        })
         .await
         .unwrap();
     assert_eq!(outcome, Outcome::Processed(()));
@@ -42,23 +57,38 @@ async fn second_delivery_is_a_duplicate_and_runs_nothing(pool: PgPool) {
 #[sqlx::test(migrations = false)]
 async fn failed_effect_records_nothing_and_can_run_again(pool: PgPool) {
     migrate(&pool).await;
-    sqlx::query("CREATE TABLE effects (n int)").execute(&pool).await.unwrap();
+    sqlx::query("CREATE TABLE effects (n int)")
+        .execute(&pool)
+        .await
+        .unwrap();
     let inbox = Inbox::new(pool.clone(), "billing");
     let failed = inbox
         .process("m1", |conn| {
             Box::pin(async move {
-                sqlx::query("INSERT INTO effects VALUES (1)").execute(conn).await.unwrap();
+                sqlx::query("INSERT INTO effects VALUES (1)")
+                    .execute(conn)
+                    .await
+                    .unwrap();
                 Err::<(), _>("cannot apply yet")
             })
         })
         .await;
-    assert!(matches!(failed, Err(InboxError::Effect("cannot apply yet"))));
-    assert_eq!((count(&pool, "effects").await, count(&pool, "inbox").await), (0, 0));
+    assert!(matches!(
+        failed,
+        Err(InboxError::Effect("cannot apply yet"))
+    ));
+    assert_eq!(
+        (count(&pool, "effects").await, count(&pool, "inbox").await),
+        (0, 0)
+    );
 
     let retried = inbox
         .process("m1", |conn| {
             Box::pin(async move {
-                sqlx::query("INSERT INTO effects VALUES (1)").execute(conn).await.map(drop)
+                sqlx::query("INSERT INTO effects VALUES (1)")
+                    .execute(conn)
+                    .await
+                    .map(drop)
             })
         })
         .await

@@ -23,7 +23,10 @@ async fn rolled_back_enqueue_leaves_nothing(pool: PgPool) {
     let event = outbox_core::NewEvent::new("order", "o1", "OrderPlaced", &json!({})).unwrap();
     outbox_core::enqueue(&mut tx, &event).await.unwrap();
     tx.rollback().await.unwrap();
-    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox").fetch_one(&pool).await.unwrap();
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
     assert_eq!(rows, 0);
 }
 
@@ -43,7 +46,12 @@ async fn failed_publish_holds_back_later_events_of_its_aggregate(pool: PgPool) {
 
     let first = relay.run_once().await.unwrap();
     assert_eq!((first.published, first.failed), (1, 1), "{first:?}");
-    let only_o8: Vec<_> = stream.contents().await.into_iter().map(|(s, t, _)| (s, t)).collect();
+    let only_o8: Vec<_> = stream
+        .contents()
+        .await
+        .into_iter()
+        .map(|(s, t, _)| (s, t))
+        .collect();
     assert_eq!(only_o8, [("o8".to_owned(), "OrderPlaced".to_owned())]);
 
     eventually("the outbox to drain", Duration::from_secs(10), || async {
@@ -51,8 +59,21 @@ async fn failed_publish_holds_back_later_events_of_its_aggregate(pool: PgPool) {
         (pending(&pool).await == 0).then_some(())
     })
     .await;
-    let order: Vec<_> = stream.contents().await.into_iter().map(|(s, t, _)| format!("{s}:{t}")).collect();
-    assert_eq!(order, ["o8:OrderPlaced", "o7:OrderPlaced", "o7:OrderPaid", "o7:OrderShipped"]);
+    let order: Vec<_> = stream
+        .contents()
+        .await
+        .into_iter()
+        .map(|(s, t, _)| format!("{s}:{t}"))
+        .collect();
+    assert_eq!(
+        order,
+        [
+            "o8:OrderPlaced",
+            "o7:OrderPlaced",
+            "o7:OrderPaid",
+            "o7:OrderShipped"
+        ]
+    );
     stream.delete().await;
 }
 
@@ -90,11 +111,17 @@ async fn two_relays_publish_each_row_once(pool: PgPool) {
         drain.await.unwrap();
     }
 
-    let all: Vec<String> = asked.iter().flat_map(|a| a.lock().unwrap().clone()).collect();
+    let all: Vec<String> = asked
+        .iter()
+        .flat_map(|a| a.lock().unwrap().clone())
+        .collect();
     let distinct: HashSet<&String> = all.iter().collect();
     assert_eq!(all.len(), 20, "publish calls: {all:?}");
     assert_eq!(distinct.len(), 20);
-    assert!(asked.iter().all(|a| !a.lock().unwrap().is_empty()), "both relays took part");
+    assert!(
+        asked.iter().all(|a| !a.lock().unwrap().is_empty()),
+        "both relays took part"
+    );
     let contents = stream.contents().await;
     let ids: HashSet<&String> = contents.iter().map(|(_, _, id)| id).collect();
     assert_eq!((contents.len(), ids.len()), (20, 20));
@@ -125,21 +152,31 @@ async fn always_failing_event_becomes_dead_and_cleanup_keeps_it(pool: PgPool) {
     assert_eq!(dead_rows.len(), 1);
     assert_eq!(dead_rows[0].aggregate_id, "doomed");
     assert_eq!(dead_rows[0].attempts, 3);
-    assert!(dead_rows[0].last_error.as_deref().unwrap().contains("broker unreachable"));
+    assert!(
+        dead_rows[0]
+            .last_error
+            .as_deref()
+            .unwrap()
+            .contains("broker unreachable")
+    );
     // Nothing more to do: a dead event is not retried by the relay.
     assert_eq!(relay.run_once().await.unwrap().claimed, 0);
 
     let inbox = outbox_core::Inbox::new(pool.clone(), "billing");
     let outcome = inbox
-        .process("m1", |_conn| Box::pin(async { Ok::<_, std::convert::Infallible>(()) }))
+        .process("m1", |_conn| {
+            Box::pin(async { Ok::<_, std::convert::Infallible>(()) })
+        })
         .await
         .unwrap();
     assert_eq!(outcome, outbox_core::Outcome::Processed(()));
 
     assert_eq!(outbox::cleanup(&pool, Duration::ZERO, 1).await.unwrap(), 1);
     assert_eq!(inbox.cleanup(Duration::ZERO, 100).await.unwrap(), 1);
-    let statuses: Vec<String> =
-        sqlx::query_scalar("SELECT status FROM outbox").fetch_all(&pool).await.unwrap();
+    let statuses: Vec<String> = sqlx::query_scalar("SELECT status FROM outbox")
+        .fetch_all(&pool)
+        .await
+        .unwrap();
     assert_eq!(statuses, ["dead"]);
     assert_eq!(inbox.stats().await.unwrap().processed, 0);
     stream.delete().await;
@@ -163,10 +200,19 @@ async fn dead_head_parks_its_aggregate(pool: PgPool) {
     let healthy = Relay::new(pool.clone(), stream.publisher(), config);
     let report = healthy.run_once().await.unwrap();
     assert_eq!(report.published, 1, "{report:?}");
-    let contents: Vec<_> = stream.contents().await.into_iter().map(|(s, t, _)| format!("{s}:{t}")).collect();
+    let contents: Vec<_> = stream
+        .contents()
+        .await
+        .into_iter()
+        .map(|(s, t, _)| format!("{s}:{t}"))
+        .collect();
     assert_eq!(contents, ["o2:OrderPlaced"]);
     let stats = outbox::stats(&pool).await.unwrap();
-    assert_eq!((stats.pending, stats.dead, stats.parked), (1, 1, 1), "{stats:?}");
+    assert_eq!(
+        (stats.pending, stats.dead, stats.parked),
+        (1, 1, 1),
+        "{stats:?}"
+    );
     stream.delete().await;
 }
 
@@ -182,10 +228,16 @@ async fn messages_carry_cloudevents_headers(pool: PgPool) {
         .with_traceparent(Some(traceparent.into()));
     let id = outbox_core::enqueue(&mut tx, &event).await.unwrap();
     tx.commit().await.unwrap();
-    Relay::new(pool.clone(), stream.publisher(), stream.relay_config()).run_once().await.unwrap();
+    Relay::new(pool.clone(), stream.publisher(), stream.relay_config())
+        .run_once()
+        .await
+        .unwrap();
 
     let message = stream.stream().await.get_raw_message(1).await.unwrap();
-    assert_eq!(message.subject.as_str(), format!("{}.OrderPlaced.o9", stream.prefix));
+    assert_eq!(
+        message.subject.as_str(),
+        format!("{}.OrderPlaced.o9", stream.prefix)
+    );
     let header = |name: &str| message.headers.get(name).map(|v| v.as_str().to_owned());
     assert_eq!(header("ce-specversion").as_deref(), Some("1.0"));
     assert_eq!(header("ce-id"), Some(id.to_string()));

@@ -41,9 +41,10 @@ where
 {
     match raw {
         None => Ok(default),
-        Some(raw) => raw
-            .parse()
-            .map_err(|e: T::Err| ConfigError { name, reason: format!("{raw:?}: {e}") }),
+        Some(raw) => raw.parse().map_err(|e: T::Err| ConfigError {
+            name,
+            reason: format!("{raw:?}: {e}"),
+        }),
     }
 }
 
@@ -68,7 +69,14 @@ pub fn nats_name(name: &'static str, default: &str) -> Result<String, ConfigErro
 
 /// Fails with the variable's name unless `check` holds.
 pub fn ensure(name: &'static str, check: bool, reason: &str) -> Result<(), ConfigError> {
-    if check { Ok(()) } else { Err(ConfigError { name, reason: reason.to_owned() }) }
+    if check {
+        Ok(())
+    } else {
+        Err(ConfigError {
+            name,
+            reason: reason.to_owned(),
+        })
+    }
 }
 
 /// The settings both services read, with the service's own defaults.
@@ -111,9 +119,21 @@ impl Common {
             admin_token: optional("ADMIN_TOKEN"),
             log_format: string("LOG_FORMAT", "pretty"),
         };
-        ensure("DATABASE_MAX_CONNECTIONS", common.database_max_connections > 0, "must be at least 1")?;
-        ensure("NATS_STREAM_REPLICAS", (1..=5).contains(&common.stream_replicas), "must be 1 to 5")?;
-        ensure("NATS_DUPLICATE_WINDOW_MS", !common.duplicate_window.is_zero(), "must be positive")?;
+        ensure(
+            "DATABASE_MAX_CONNECTIONS",
+            common.database_max_connections > 0,
+            "must be at least 1",
+        )?;
+        ensure(
+            "NATS_STREAM_REPLICAS",
+            (1..=5).contains(&common.stream_replicas),
+            "must be 1 to 5",
+        )?;
+        ensure(
+            "NATS_DUPLICATE_WINDOW_MS",
+            !common.duplicate_window.is_zero(),
+            "must be positive",
+        )?;
         Ok(common)
     }
 }
@@ -126,13 +146,22 @@ mod tests {
     fn parse_error_names_the_variable() {
         let err = parse_value::<u32>("RELAY_BATCH_SIZE", Some("twelve".into()), 1).unwrap_err();
         assert_eq!(err.name, "RELAY_BATCH_SIZE");
-        assert!(err.to_string().starts_with("invalid value for RELAY_BATCH_SIZE"), "{err}");
+        assert!(
+            err.to_string()
+                .starts_with("invalid value for RELAY_BATCH_SIZE"),
+            "{err}"
+        );
     }
 
     #[test]
     fn absent_means_default_and_present_is_parsed() {
         assert_eq!(parse_value("X", None, 7_u32).unwrap(), 7);
         assert_eq!(parse_value("X", Some("42".into()), 7_u32).unwrap(), 42);
-        assert_eq!(millis("SERVICE_KIT_TEST_UNSET", Duration::from_secs(2)).unwrap().as_secs(), 2);
+        assert_eq!(
+            millis("SERVICE_KIT_TEST_UNSET", Duration::from_secs(2))
+                .unwrap()
+                .as_secs(),
+            2
+        );
     }
 }

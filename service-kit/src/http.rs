@@ -12,9 +12,9 @@ use axum::response::Response;
 use serde::Serialize;
 use sqlx::PgPool;
 use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
 use tower_http::trace::TraceLayer;
-use tokio_util::sync::CancellationToken;
 use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
@@ -44,7 +44,10 @@ pub fn finish(router: OpenApiRouter) -> Router {
 
 /// The span of one request, with OpenTelemetry-style field names.
 fn request_span<B>(request: &Request<B>) -> tracing::Span {
-    let route = request.extensions().get::<MatchedPath>().map_or("", MatchedPath::as_str);
+    let route = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or("", MatchedPath::as_str);
     let request_id = request
         .headers()
         .get(REQUEST_ID)
@@ -75,7 +78,10 @@ impl<S: Send + Sync> FromRequestParts<S> for TraceParent {
     type Rejection = Infallible;
 
     async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
-        let value = parts.headers.get("traceparent").and_then(|v| v.to_str().ok());
+        let value = parts
+            .headers
+            .get("traceparent")
+            .and_then(|v| v.to_str().ok());
         Ok(Self(value.map(str::to_owned)))
     }
 }
@@ -103,7 +109,9 @@ where
     S: Clone + Send + Sync + 'static,
     Health: FromRef<S>,
 {
-    OpenApiRouter::new().routes(routes!(healthz)).routes(routes!(readyz))
+    OpenApiRouter::new()
+        .routes(routes!(healthz))
+        .routes(routes!(readyz))
 }
 
 /// The process is alive.
@@ -140,7 +148,9 @@ pub async fn serve(
     router: Router,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router).with_graceful_shutdown(shutdown).await
+    axum::serve(listener, router)
+        .with_graceful_shutdown(shutdown)
+        .await
 }
 
 /// Resolves on Ctrl-C or SIGTERM.
@@ -183,7 +193,10 @@ pub async fn run_until_stopped(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let stop = CancellationToken::new();
-    let handles: Vec<_> = tasks.into_iter().map(|task| tokio::spawn(task(stop.clone()))).collect();
+    let handles: Vec<_> = tasks
+        .into_iter()
+        .map(|task| tokio::spawn(task(stop.clone())))
+        .collect();
     let served = serve(listener, router, shutdown).await;
     stop.cancel();
     for handle in handles {

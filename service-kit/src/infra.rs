@@ -8,8 +8,9 @@ use sqlx::{ConnectOptions as _, PgPool};
 
 /// Connects to `url`, creating its database first if it does not exist.
 pub async fn connect_db(url: &str, max_connections: u32) -> anyhow::Result<PgPool> {
-    let options: PgConnectOptions =
-        url.parse().context("DATABASE_URL is not a valid PostgreSQL URL")?;
+    let options: PgConnectOptions = url
+        .parse()
+        .context("DATABASE_URL is not a valid PostgreSQL URL")?;
     create_database_if_missing(&options).await?;
     PgPoolOptions::new()
         .max_connections(max_connections)
@@ -38,10 +39,17 @@ async fn create_database_if_missing(options: &PgConnectOptions) -> anyhow::Resul
     .await?;
     if !exists {
         let sql = format!(r#"CREATE DATABASE "{}""#, name.replace('"', "\"\""));
-        match sqlx::raw_sql(sqlx::AssertSqlSafe(sql)).execute(&mut admin).await {
+        match sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+            .execute(&mut admin)
+            .await
+        {
             Ok(_) => tracing::info!(database = %name, "created database"),
             // Another instance created it at the same moment.
-            Err(e) if e.as_database_error().and_then(|d| d.code()).as_deref() == Some("42P04") => {}
+            Err(e)
+                if e.as_database_error()
+                    .and_then(sqlx::error::DatabaseError::code)
+                    .as_deref()
+                    == Some("42P04") => {}
             Err(e) => return Err(e).context(format!("cannot create database {name}")),
         }
     }

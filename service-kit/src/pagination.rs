@@ -42,12 +42,19 @@ pub fn limit(requested: Option<i64>) -> Result<i64, ApiError> {
     match requested {
         None => Ok(DEFAULT_LIMIT),
         Some(n) if (1..=MAX_LIMIT).contains(&n) => Ok(n),
-        Some(_) => Err(ApiError::validation("limit", format!("must be between 1 and {MAX_LIMIT}"))),
+        Some(_) => Err(ApiError::validation(
+            "limit",
+            format!("must be between 1 and {MAX_LIMIT}"),
+        )),
     }
 }
 
 /// Cuts `rows` (fetched with `limit + 1`) to one page and the cursor of the next, if any.
-pub fn page<T>(mut rows: Vec<T>, limit: i64, cursor_of: impl Fn(&T) -> Cursor) -> (Vec<T>, Option<String>) {
+pub fn page<T>(
+    mut rows: Vec<T>,
+    limit: i64,
+    cursor_of: impl Fn(&T) -> Cursor,
+) -> (Vec<T>, Option<String>) {
     let limit = usize::try_from(limit).unwrap_or(usize::MAX);
     if rows.len() <= limit {
         return (rows, None);
@@ -63,9 +70,18 @@ mod tests {
 
     #[test]
     fn cursor_round_trips_and_garbage_is_refused() {
-        let cursor = Cursor { t: Utc::now(), id: "o1".into() };
+        let cursor = Cursor {
+            t: Utc::now(),
+            id: "o1".into(),
+        };
         assert_eq!(Cursor::decode(&cursor.encode()).unwrap(), cursor);
-        assert_eq!(Cursor::decode("not-a-cursor").unwrap_err().status().as_u16(), 422);
+        assert_eq!(
+            Cursor::decode("not-a-cursor")
+                .unwrap_err()
+                .status()
+                .as_u16(),
+            422
+        );
     }
 
     #[test]
@@ -80,10 +96,16 @@ mod tests {
     fn page_cuts_and_points_at_the_last_item() {
         let t = Utc::now();
         let rows: Vec<i32> = (0..3).collect();
-        let (items, next) = page(rows.clone(), 2, |i| Cursor { t, id: i.to_string() });
+        let (items, next) = page(rows.clone(), 2, |i| Cursor {
+            t,
+            id: i.to_string(),
+        });
         assert_eq!(items, [0, 1]);
         assert_eq!(Cursor::decode(&next.unwrap()).unwrap().id, "1");
-        let (items, next) = page(rows, 3, |i| Cursor { t, id: i.to_string() });
+        let (items, next) = page(rows, 3, |i| Cursor {
+            t,
+            id: i.to_string(),
+        });
         assert_eq!(items.len(), 3);
         assert!(next.is_none());
     }

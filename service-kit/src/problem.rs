@@ -55,12 +55,21 @@ pub struct ApiError {
 
 impl ApiError {
     fn new(status: StatusCode, kind: &'static str, detail: impl Into<String>) -> Self {
-        Self { status, kind, detail: detail.into(), field: None, cause: None }
+        Self {
+            status,
+            kind,
+            detail: detail.into(),
+            field: None,
+            cause: None,
+        }
     }
 
     /// 422: a field's value is not acceptable.
     pub fn validation(field: &str, detail: impl Into<String>) -> Self {
-        Self { field: Some(field.to_owned()), ..Self::new(StatusCode::UNPROCESSABLE_ENTITY, "validation", detail) }
+        Self {
+            field: Some(field.to_owned()),
+            ..Self::new(StatusCode::UNPROCESSABLE_ENTITY, "validation", detail)
+        }
     }
 
     /// 400: the request cannot be read.
@@ -97,7 +106,11 @@ impl ApiError {
     pub fn internal(cause: impl Into<anyhow::Error>) -> Self {
         Self {
             cause: Some(cause.into()),
-            ..Self::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", "the server failed to handle the request")
+            ..Self::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal",
+                "the server failed to handle the request",
+            )
         }
     }
 
@@ -129,11 +142,16 @@ impl ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let body = serde_json::to_vec(&self.problem()).unwrap_or_default();
-        let mut response =
-            (self.status, [(header::CONTENT_TYPE, "application/problem+json")], body)
-                .into_response();
+        let mut response = (
+            self.status,
+            [(header::CONTENT_TYPE, "application/problem+json")],
+            body,
+        )
+            .into_response();
         if let Some(cause) = self.cause {
-            response.extensions_mut().insert(InternalCause(Arc::new(cause)));
+            response
+                .extensions_mut()
+                .insert(InternalCause(Arc::new(cause)));
         }
         response
     }
@@ -144,7 +162,9 @@ impl From<sqlx::Error> for ApiError {
         if let Some(db) = error.as_database_error() {
             let constraint = db.constraint().unwrap_or("a constraint").to_owned();
             if db.is_unique_violation() {
-                return Self::conflict(format!("the request conflicts with existing data ({constraint})"));
+                return Self::conflict(format!(
+                    "the request conflicts with existing data ({constraint})"
+                ));
             }
             if db.is_check_violation() || db.is_foreign_key_violation() {
                 return Self::new(
@@ -214,7 +234,10 @@ pub async fn not_found() -> ApiError {
 
 /// The fallback for a known route with another method.
 pub async fn method_not_allowed() -> ApiError {
-    ApiError::from_status(StatusCode::METHOD_NOT_ALLOWED, "method not allowed on this resource")
+    ApiError::from_status(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method not allowed on this resource",
+    )
 }
 
 #[cfg(test)]

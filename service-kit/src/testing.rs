@@ -11,7 +11,10 @@ use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
 /// A name no other test uses: `prefix` plus a random suffix, valid for databases and streams.
 pub fn unique(prefix: &str) -> String {
-    format!("{prefix}_{}", &uuid::Uuid::new_v4().simple().to_string()[..16])
+    format!(
+        "{prefix}_{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..16]
+    )
 }
 
 /// The PostgreSQL server the tests use: `DATABASE_URL` (its database is ignored).
@@ -19,7 +22,11 @@ pub fn server_options() -> PgConnectOptions {
     std::env::var("DATABASE_URL")
         .ok()
         .and_then(|url| url.parse().ok())
-        .unwrap_or_else(|| "postgres://postgres@127.0.0.1:5432/postgres".parse().expect("default URL"))
+        .unwrap_or_else(|| {
+            "postgres://postgres@127.0.0.1:5432/postgres"
+                .parse()
+                .expect("default URL")
+        })
 }
 
 /// The URL of database `name` on the test server.
@@ -34,9 +41,16 @@ pub fn nats_url() -> String {
 
 /// Drops database `name`, disconnecting whoever still uses it.
 pub async fn drop_database(name: &str) {
-    let mut conn = server_options().database("postgres").connect().await.expect("connect");
+    let mut conn = server_options()
+        .database("postgres")
+        .connect()
+        .await
+        .expect("connect");
     let sql = format!(r#"DROP DATABASE IF EXISTS "{name}" WITH (FORCE)"#);
-    sqlx::raw_sql(sqlx::AssertSqlSafe(sql)).execute(&mut conn).await.expect("drop database");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+        .execute(&mut conn)
+        .await
+        .expect("drop database");
     conn.close().await.ok();
 }
 
@@ -58,7 +72,10 @@ where
         if let Some(value) = check().await {
             return value;
         }
-        assert!(Instant::now() < deadline, "timed out after {limit:?} waiting for {what}");
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {limit:?} waiting for {what}"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
@@ -81,12 +98,19 @@ impl Running {
     {
         let stop = CancellationToken::new();
         let task = tokio::spawn(run(stop.clone().cancelled_owned()));
-        Self { url: format!("http://127.0.0.1:{port}"), stop, task }
+        Self {
+            url: format!("http://127.0.0.1:{port}"),
+            stop,
+            task,
+        }
     }
 
     /// Shuts the service down gracefully and waits until it has stopped.
     pub async fn stop(self) {
         self.stop.cancel();
-        self.task.await.expect("service task").expect("service stopped cleanly");
+        self.task
+            .await
+            .expect("service task")
+            .expect("service stopped cleanly");
     }
 }

@@ -76,13 +76,18 @@ pub enum ApplyError {
 /// Applies `change` on `conn` (inside the inbox transaction).
 pub async fn apply(conn: &mut PgConnection, change: Change) -> Result<(), ApplyError> {
     match change {
-        Change::Open { order_id, total_minor } => {
+        Change::Open {
+            order_id,
+            total_minor,
+        } => {
             // The unique order_id makes a second OrderPlaced for the same order a no-op.
             store::open(conn, Uuid::now_v7(), &order_id, total_minor).await?;
         }
         Change::Pay { order_id } => {
             if !store::pay(conn, &order_id).await? {
-                return Err(ApplyError::NotYet(format!("no invoice for order {order_id} yet")));
+                return Err(ApplyError::NotYet(format!(
+                    "no invoice for order {order_id} yet"
+                )));
             }
         }
     }
@@ -91,7 +96,9 @@ pub async fn apply(conn: &mut PgConnection, change: Change) -> Result<(), ApplyE
 
 /// The `/invoices` routes.
 pub fn router() -> OpenApiRouter<AppState> {
-    OpenApiRouter::new().routes(routes!(list_invoices)).routes(routes!(get_invoice))
+    OpenApiRouter::new()
+        .routes(routes!(list_invoices))
+        .routes(routes!(get_invoice))
 }
 
 /// Filter and page parameters.
@@ -129,8 +136,10 @@ async fn list_invoices(
     let limit = pagination::limit(params.limit)?;
     let after = params.cursor.as_deref().map(Cursor::decode).transpose()?;
     let rows = store::list(&state.pool, params.order_id.as_deref(), after, limit + 1).await?;
-    let (items, next_cursor) =
-        pagination::page(rows, limit, |i| Cursor { t: i.created_at, id: i.id.to_string() });
+    let (items, next_cursor) = pagination::page(rows, limit, |i| Cursor {
+        t: i.created_at,
+        id: i.id.to_string(),
+    });
     Ok(Json(InvoicePage { items, next_cursor }))
 }
 

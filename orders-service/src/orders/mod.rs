@@ -97,8 +97,7 @@ impl NewOrder {
             None => uuid::Uuid::now_v7().to_string(),
         };
         let chars = self.customer.chars().count();
-        if chars == 0 || chars > MAX_CUSTOMER_CHARS || self.customer.chars().any(char::is_control)
-        {
+        if chars == 0 || chars > MAX_CUSTOMER_CHARS || self.customer.chars().any(char::is_control) {
             return Err(ApiError::validation(
                 "customer",
                 "must be 1-200 characters without control characters",
@@ -110,7 +109,11 @@ impl NewOrder {
                 format!("must be an integer from 1 to {MAX_TOTAL_MINOR}"),
             ));
         }
-        Ok(ValidOrder { id, customer: self.customer, total_minor: self.total_minor })
+        Ok(ValidOrder {
+            id,
+            customer: self.customer,
+            total_minor: self.total_minor,
+        })
     }
 }
 
@@ -156,14 +159,20 @@ pub async fn place(
     if let Some(order) = store::insert(&mut tx, &new).await? {
         outbox_core::enqueue(&mut tx, &order.event("OrderPlaced", traceparent)?).await?;
         tx.commit().await?;
-        return Ok(Placed { order, created: true });
+        return Ok(Placed {
+            order,
+            created: true,
+        });
     }
     tx.rollback().await?;
     let existing = store::find(pool, &new.id)
         .await?
         .ok_or_else(|| ApiError::conflict("the order id was taken and released; retry"))?;
     if existing.customer == new.customer && existing.total_minor == new.total_minor {
-        Ok(Placed { order: existing, created: false })
+        Ok(Placed {
+            order: existing,
+            created: false,
+        })
     } else {
         Err(ApiError::conflict(format!(
             "order {} already exists with a different customer or total",
@@ -228,7 +237,12 @@ async fn place_order(
         return Ok(Json(placed.order).into_response());
     }
     let location = format!("/orders/{}", placed.order.id);
-    Ok((StatusCode::CREATED, [(header::LOCATION, location)], Json(placed.order)).into_response())
+    Ok((
+        StatusCode::CREATED,
+        [(header::LOCATION, location)],
+        Json(placed.order),
+    )
+        .into_response())
 }
 
 /// Page parameters.
@@ -264,8 +278,10 @@ async fn list_orders(
     let limit = pagination::limit(params.limit)?;
     let after = params.cursor.as_deref().map(Cursor::decode).transpose()?;
     let rows = store::list(&state.pool, after, limit + 1).await?;
-    let (items, next_cursor) =
-        pagination::page(rows, limit, |o| Cursor { t: o.created_at, id: o.id.clone() });
+    let (items, next_cursor) = pagination::page(rows, limit, |o| Cursor {
+        t: o.created_at,
+        id: o.id.clone(),
+    });
     Ok(Json(OrderPage { items, next_cursor }))
 }
 
@@ -300,9 +316,15 @@ async fn pay_order(
     TraceParent(traceparent): TraceParent,
     Path(id): Path<String>,
 ) -> Result<Json<Order>, ApiError> {
-    let order =
-        transition(&state.pool, &id, OrderStatus::Placed, OrderStatus::Paid, "OrderPaid", traceparent)
-            .await?;
+    let order = transition(
+        &state.pool,
+        &id,
+        OrderStatus::Placed,
+        OrderStatus::Paid,
+        "OrderPaid",
+        traceparent,
+    )
+    .await?;
     Ok(Json(order))
 }
 
@@ -337,7 +359,11 @@ mod tests {
     use super::*;
 
     fn new(id: Option<&str>, customer: &str, total_minor: i64) -> NewOrder {
-        NewOrder { id: id.map(str::to_owned), customer: customer.to_owned(), total_minor }
+        NewOrder {
+            id: id.map(str::to_owned),
+            customer: customer.to_owned(),
+            total_minor,
+        }
     }
 
     fn field(order: NewOrder) -> Option<String> {
@@ -349,9 +375,15 @@ mod tests {
         assert_eq!(field(new(Some("a.b"), "ada", 1)).as_deref(), Some("id"));
         assert_eq!(field(new(None, "", 1)).as_deref(), Some("customer"));
         assert_eq!(field(new(None, "a\u{0}b", 1)).as_deref(), Some("customer"));
-        assert_eq!(field(new(None, &"x".repeat(201), 1)).as_deref(), Some("customer"));
+        assert_eq!(
+            field(new(None, &"x".repeat(201), 1)).as_deref(),
+            Some("customer")
+        );
         assert_eq!(field(new(None, "ada", 0)).as_deref(), Some("totalMinor"));
-        assert_eq!(field(new(None, "ada", MAX_TOTAL_MINOR + 1)).as_deref(), Some("totalMinor"));
+        assert_eq!(
+            field(new(None, "ada", MAX_TOTAL_MINOR + 1)).as_deref(),
+            Some("totalMinor")
+        );
     }
 
     #[test]

@@ -6,7 +6,10 @@ use super::{Order, OrderStatus, ValidOrder};
 use service_kit::pagination::Cursor;
 
 /// Inserts the order; `None` when an order with this id exists.
-pub(super) async fn insert(conn: &mut PgConnection, new: &ValidOrder) -> sqlx::Result<Option<Order>> {
+pub(super) async fn insert(
+    conn: &mut PgConnection,
+    new: &ValidOrder,
+) -> sqlx::Result<Option<Order>> {
     sqlx::query_as!(
         Order,
         r#"
@@ -37,7 +40,11 @@ pub(super) async fn find(pool: &PgPool, id: &str) -> sqlx::Result<Option<Order>>
 }
 
 /// Reads up to `limit` orders older than `after`, newest first.
-pub(super) async fn list(pool: &PgPool, after: Option<Cursor>, limit: i64) -> sqlx::Result<Vec<Order>> {
+pub(super) async fn list(
+    pool: &PgPool,
+    after: Option<Cursor>,
+    limit: i64,
+) -> sqlx::Result<Vec<Order>> {
     let (after_t, after_id) = after.map(|c| (c.t, c.id)).unzip();
     sqlx::query_as!(
         Order,

@@ -100,7 +100,10 @@ pub struct Inbox {
 impl Inbox {
     /// The inbox of `consumer` (usually the durable consumer's name) in `pool`.
     pub fn new(pool: PgPool, consumer: impl Into<String>) -> Self {
-        Self { pool, consumer: consumer.into() }
+        Self {
+            pool,
+            consumer: consumer.into(),
+        }
     }
 
     /// Runs `effect` for `message_id` unless this consumer already processed it, in one

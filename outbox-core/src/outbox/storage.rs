@@ -157,7 +157,11 @@ pub(crate) async fn stats(pool: &PgPool) -> sqlx::Result<OutboxStats> {
 }
 
 /// Lists dead events after `after_seq` in outbox order.
-pub(crate) async fn dead(pool: &PgPool, after_seq: i64, limit: i64) -> sqlx::Result<Vec<DeadEvent>> {
+pub(crate) async fn dead(
+    pool: &PgPool,
+    after_seq: i64,
+    limit: i64,
+) -> sqlx::Result<Vec<DeadEvent>> {
     sqlx::query_as!(
         DeadEvent,
         r#"

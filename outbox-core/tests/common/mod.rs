@@ -13,8 +13,12 @@ use sqlx::PgPool;
 
 /// Applies both of the crate's migrations.
 pub async fn migrate(pool: &PgPool) {
-    outbox_core::migrate::outbox(pool).await.expect("outbox migrations");
-    outbox_core::migrate::inbox(pool).await.expect("inbox migrations");
+    outbox_core::migrate::outbox(pool)
+        .await
+        .expect("outbox migrations");
+    outbox_core::migrate::inbox(pool)
+        .await
+        .expect("inbox migrations");
 }
 
 /// A stream and subject prefix owned by one test, deleted on drop of the returned guard.
@@ -30,14 +34,20 @@ impl TestStream {
         let url = std::env::var("NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into());
         let client = async_nats::connect(url).await.expect("NATS reachable");
         let jetstream = jetstream::new(client);
-        let stream = Self { prefix: format!("t{suffix}"), name: format!("T{suffix}"), jetstream };
+        let stream = Self {
+            prefix: format!("t{suffix}"),
+            name: format!("T{suffix}"),
+            jetstream,
+        };
         let spec = StreamSpec {
             name: stream.name.clone(),
             subjects: vec![format!("{}.>", stream.prefix)],
             duplicate_window: Duration::from_secs(120),
             replicas: 1,
         };
-        ensure_stream(&stream.jetstream, &spec).await.expect("stream created");
+        ensure_stream(&stream.jetstream, &spec)
+            .await
+            .expect("stream created");
         stream
     }
 
@@ -48,12 +58,18 @@ impl TestStream {
     /// Relay settings for this stream with fast retries.
     pub fn relay_config(&self) -> RelayConfig {
         let mut config = RelayConfig::new(&self.prefix, "/test");
-        config.backoff = Backoff { base: Duration::ZERO, max: Duration::ZERO };
+        config.backoff = Backoff {
+            base: Duration::ZERO,
+            max: Duration::ZERO,
+        };
         config
     }
 
     pub async fn stream(&self) -> Stream {
-        self.jetstream.get_stream(&self.name).await.expect("stream exists")
+        self.jetstream
+            .get_stream(&self.name)
+            .await
+            .expect("stream exists")
     }
 
     /// Every message in the stream, in stream order, as (ce-subject, ce-type, ce-id).
@@ -64,7 +80,11 @@ impl TestStream {
         for seq in 1..=last {
             let message = stream.get_raw_message(seq).await.expect("message");
             let header = |name: &str| {
-                message.headers.get(name).map(|v| v.as_str().to_owned()).unwrap_or_default()
+                message
+                    .headers
+                    .get(name)
+                    .map(|v| v.as_str().to_owned())
+                    .unwrap_or_default()
             };
             out.push((header("ce-subject"), header("ce-type"), header("ce-id")));
         }
@@ -80,7 +100,9 @@ impl TestStream {
 pub async fn enqueue(pool: &PgPool, aggregate: &str, event_type: &str, payload: serde_json::Value) {
     let mut tx = pool.begin().await.expect("begin");
     let event = NewEvent::new("order", aggregate, event_type, &payload).expect("valid event");
-    outbox_core::enqueue(&mut tx, &event).await.expect("enqueue");
+    outbox_core::enqueue(&mut tx, &event)
+        .await
+        .expect("enqueue");
     tx.commit().await.expect("commit");
 }
 
@@ -95,7 +117,10 @@ where
         if let Some(value) = check().await {
             return value;
         }
-        assert!(Instant::now() < deadline, "timed out after {limit:?} waiting for {what}");
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {limit:?} waiting for {what}"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
