@@ -23,13 +23,9 @@ impl TestApp {
     async fn spawn() -> Self {
         let database = testing::unique("billing_test");
         let stream = testing::unique("BILLING_TEST");
-        let prefix = stream.to_lowercase();
         let mut config = Config::from_env().unwrap();
-        config.common.database_url = testing::database_url(&database);
-        config.common.nats_url = testing::nats_url();
-        config.common.listen_addr = "127.0.0.1:0".into();
-        config.common.stream.clone_from(&stream);
-        config.common.subject_prefix.clone_from(&prefix);
+        testing::point_at(&mut config.common, &database, &stream);
+        let prefix = config.common.subject_prefix.clone();
         config.consumer.retry_delay = Duration::from_millis(50);
         config.consumer.max_retries = 1000;
         let app = App::build(config).await.unwrap();

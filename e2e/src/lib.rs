@@ -29,6 +29,7 @@ impl Names {
     pub fn unique() -> Self {
         let stream = testing::unique("E2E");
         Self {
+            // What `testing::point_at` sets.
             prefix: stream.to_lowercase(),
             orders_db: testing::unique("e2e_orders"),
             billing_db: testing::unique("e2e_billing"),
@@ -36,18 +37,10 @@ impl Names {
         }
     }
 
-    fn apply(&self, common: &mut service_kit::config::Common, database: &str) {
-        common.database_url = testing::database_url(database);
-        common.nats_url = testing::nats_url();
-        common.listen_addr = "127.0.0.1:0".into();
-        common.stream.clone_from(&self.stream);
-        common.subject_prefix.clone_from(&self.prefix);
-    }
-
     /// orders-service settings for this test.
     pub fn orders_config(&self) -> orders_service::Config {
         let mut config = orders_service::Config::from_env().expect("orders config");
-        self.apply(&mut config.common, &self.orders_db);
+        testing::point_at(&mut config.common, &self.orders_db, &self.stream);
         config.relay.subject_prefix.clone_from(&self.prefix);
         config.relay.poll_interval = Duration::from_millis(20);
         config
@@ -56,7 +49,7 @@ impl Names {
     /// billing-service settings for this test.
     pub fn billing_config(&self) -> billing_service::Config {
         let mut config = billing_service::Config::from_env().expect("billing config");
-        self.apply(&mut config.common, &self.billing_db);
+        testing::point_at(&mut config.common, &self.billing_db, &self.stream);
         config.consumer.retry_delay = Duration::from_millis(100);
         config
     }

@@ -5,15 +5,12 @@ use std::time::Duration;
 use e2e::{Stack, eventually};
 use serde_json::{Value, json};
 
+async fn get_json(client: &reqwest::Client, url: String) -> Value {
+    client.get(url).send().await.unwrap().json().await.unwrap()
+}
+
 async fn invoices_of(client: &reqwest::Client, billing: &str, order_id: &str) -> Vec<Value> {
-    let page: Value = client
-        .get(format!("{billing}/invoices?orderId={order_id}"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let page = get_json(client, format!("{billing}/invoices?orderId={order_id}")).await;
     page["items"].as_array().unwrap().clone()
 }
 
@@ -66,23 +63,9 @@ async fn an_order_becomes_exactly_one_invoice_and_a_repeated_post_is_safe() {
     .await;
     assert_eq!(invoices.len(), 1, "still exactly one invoice: {invoices:?}");
 
-    let stats: Value = client
-        .get(format!("{}/inbox/stats", stack.billing.url))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let stats = get_json(&client, format!("{}/inbox/stats", stack.billing.url)).await;
     assert_eq!(stats["processed"], 2, "OrderPlaced and OrderPaid: {stats}");
-    let outbox: Value = client
-        .get(format!("{}/outbox/stats", stack.orders.url))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let outbox = get_json(&client, format!("{}/outbox/stats", stack.orders.url)).await;
     assert_eq!(outbox["pending"], 0);
     stack.stop().await;
 }

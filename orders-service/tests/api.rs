@@ -20,12 +20,11 @@ impl TestApp {
         let database = testing::unique("orders_test");
         let stream = testing::unique("ORDERS_TEST");
         let mut config = Config::from_env().unwrap();
-        config.common.database_url = testing::database_url(&database);
-        config.common.nats_url = testing::nats_url();
-        config.common.listen_addr = "127.0.0.1:0".into();
-        config.common.stream.clone_from(&stream);
-        config.common.subject_prefix = stream.to_lowercase();
-        config.relay.subject_prefix = stream.to_lowercase();
+        testing::point_at(&mut config.common, &database, &stream);
+        config
+            .relay
+            .subject_prefix
+            .clone_from(&config.common.subject_prefix);
         let app = App::build(config).await.unwrap();
         let pool = app.pool().clone();
         let running = Running::spawn(app.port(), |stop| app.run_until_stopped(stop));

@@ -114,3 +114,25 @@ impl Running {
             .expect("service stopped cleanly");
     }
 }
+
+/// Points a service's settings at database `database` and stream `stream` (subject prefix: the
+/// stream's name in lower case) on the test servers, listening on a free port.
+pub fn point_at(common: &mut crate::config::Common, database: &str, stream: &str) {
+    common.database_url = database_url(database);
+    common.nats_url = nats_url();
+    common.listen_addr = "127.0.0.1:0".into();
+    stream.clone_into(&mut common.stream);
+    common.subject_prefix = stream.to_lowercase();
+}
+
+/// Compares `generated` with the snapshot file at `path`; `UPDATE_SNAPSHOTS=1` rewrites it.
+pub fn assert_snapshot(path: &str, generated: &str) {
+    if std::env::var_os("UPDATE_SNAPSHOTS").is_some() {
+        std::fs::write(path, generated).expect("snapshot written");
+    }
+    let committed = std::fs::read_to_string(path).unwrap_or_default();
+    assert!(
+        committed == generated,
+        "{path} is out of date: rerun with UPDATE_SNAPSHOTS=1 after an intended change"
+    );
+}
