@@ -52,24 +52,34 @@ pub async fn durable(
 #[derive(Debug)]
 pub struct Consumer {
     durable: PullConsumer,
-    inbox: Inbox,
+    rules: Rules,
     config: ConsumerConfig,
 }
 
-/// What the consumer does with a message.
-#[derive(Debug, PartialEq)]
-enum Verdict {
+/// What to do with a message, decided (and applied) by [`Rules::verdict`].
+#[derive(Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Applied now or before: acknowledge.
     Ack,
-    Retry,
+    /// Not applicable yet, or a transient failure: deliver again later.
+    Retry(String),
+    /// Can never be applied as it is: keep as a dead letter.
     Dead(String),
 }
 
+/// How billing treats one message: the rules in the module documentation.
+#[derive(Debug, Clone)]
+pub struct Rules {
+    inbox: Inbox,
+    max_retries: i64,
+}
+
 impl Consumer {
-    /// A consumer feeding `inbox`.
-    pub fn new(durable: PullConsumer, inbox: Inbox, config: ConsumerConfig) -> Self {
+    /// A consumer applying `rules`.
+    pub fn new(durable: PullConsumer, rules: Rules, config: ConsumerConfig) -> Self {
         Self {
             durable,
-            inbox,
+            rules,
             config,
         }
     }
@@ -123,13 +133,14 @@ impl Consumer {
             deliveries,
         );
         let verdict = self
+            .rules
             .verdict(&headers, &message.payload, deliveries)
             .instrument(span.clone())
             .await;
         let _entered = span.enter();
         let ack = match verdict {
             Verdict::Ack => AckKind::Ack,
-            Verdict::Retry => AckKind::Nak(Some(self.config.retry_delay)),
+            Verdict::Retry(_) => AckKind::Nak(Some(self.config.retry_delay)),
             Verdict::Dead(reason) => {
                 let letter = NewDeadLetter {
                     message_id: header(&headers, "ce-id"),
@@ -139,7 +150,7 @@ impl Consumer {
                     error: &reason,
                     deliveries,
                 };
-                match self.inbox.dead_letter(letter).await {
+                match self.rules.inbox.dead_letter(letter).await {
                     Ok(id) => {
                         tracing::error!(dead_letter.id = id, reason, "message dead-lettered");
                         AckKind::Term
@@ -156,8 +167,21 @@ impl Consumer {
             tracing::warn!(error = %error, "acknowledgement failed");
         }
     }
+}
 
-    async fn verdict(&self, headers: &HeaderMap, payload: &[u8], deliveries: i64) -> Verdict {
+impl Rules {
+    /// Rules over `inbox`; `max_retries` bounds how often a message may be not applicable yet.
+    pub fn new(inbox: Inbox, max_retries: i64) -> Self {
+        Self { inbox, max_retries }
+    }
+
+    /// The inbox the rules apply messages through.
+    pub fn inbox(&self) -> &Inbox {
+        &self.inbox
+    }
+
+    /// Decides what to do with a message and, when it can, applies it through the inbox.
+    pub async fn verdict(&self, headers: &HeaderMap, payload: &[u8], deliveries: i64) -> Verdict {
         let change = match parse(headers, payload) {
             Ok(Some(change)) => change,
             Ok(None) => return Verdict::Ack,
@@ -177,16 +201,16 @@ impl Consumer {
                 Verdict::Ack
             }
             Err(InboxError::Effect(ApplyError::NotYet(reason))) => {
-                if deliveries >= self.config.max_retries {
+                if deliveries >= self.max_retries {
                     Verdict::Dead(format!("{reason} after {deliveries} deliveries"))
                 } else {
                     tracing::info!(reason, "not applicable yet; delivered again later");
-                    Verdict::Retry
+                    Verdict::Retry(reason)
                 }
             }
             Err(error) => {
                 tracing::warn!(error = ?error, "transient failure; delivered again later");
-                Verdict::Retry
+                Verdict::Retry("a transient failure; see the logs".into())
             }
         }
     }
@@ -225,6 +249,22 @@ fn parse(headers: &HeaderMap, payload: &[u8]) -> Result<Option<Change>, String> 
     }))
 }
 
+/// Headers as [`headers_json`] stored them.
+pub fn headers_from_json(json: &serde_json::Value) -> HeaderMap {
+    let mut headers = HeaderMap::new();
+    for (name, values) in json.as_object().into_iter().flatten() {
+        for value in values
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|v| v.as_str())
+        {
+            headers.append(name.as_str(), value);
+        }
+    }
+    headers
+}
+
 fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
     headers.get(name).map(async_nats::HeaderValue::as_str)
 }
@@ -253,6 +293,16 @@ mod tests {
         headers.insert("ce-id", "0193a0c4-7d1e-7c3b-9f1a-1b2c3d4e5f60");
         headers.insert("ce-type", event_type);
         headers
+    }
+
+    #[test]
+    fn headers_survive_the_dead_letter_round_trip() {
+        let mut original = headers("OrderPlaced");
+        original.append("x-multi", "a");
+        original.append("x-multi", "b");
+        let restored = headers_from_json(&headers_json(&original));
+        assert_eq!(headers_json(&restored), headers_json(&original));
+        assert_eq!(restored.get_all("x-multi").count(), 2);
     }
 
     #[test]

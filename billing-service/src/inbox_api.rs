@@ -1,21 +1,137 @@
-//! `/inbox/stats`: what the consumer has processed.
+//! `/inbox/...`: what the consumer has processed, and the dead letters an operator replays
+//! (admin only).
 
 use axum::extract::State;
-use outbox_core::inbox::InboxStats;
-use service_kit::{ApiError, Json};
+use outbox_core::inbox::{DeadLetter, InboxStats};
+use serde::{Deserialize, Serialize};
+use service_kit::admin::Admin;
+use service_kit::pagination;
+use service_kit::problem::Problem;
+use service_kit::{ApiError, Json, Path, Query};
+use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::AppState;
+use crate::consumer::{Verdict, headers_from_json};
 
 /// The inbox routes.
 pub fn router() -> OpenApiRouter<AppState> {
-    OpenApiRouter::new().routes(routes!(stats))
+    OpenApiRouter::new()
+        .routes(routes!(stats))
+        .routes(routes!(list_dead))
+        .routes(routes!(retry))
 }
 
 /// Processed messages, recognised duplicates and open dead letters.
 #[utoipa::path(get, path = "/inbox/stats", tag = "inbox",
     responses((status = 200, description = "Current inbox counts", body = InboxStats)))]
 async fn stats(State(state): State<AppState>) -> Result<Json<InboxStats>, ApiError> {
-    Ok(Json(state.inbox.stats().await?))
+    Ok(Json(state.rules.inbox().stats().await?))
+}
+
+/// Page parameters.
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+struct DeadParams {
+    /// Items per page, 1-200 (default 50).
+    limit: Option<i64>,
+    /// `nextCursor` of the previous page.
+    cursor: Option<String>,
+}
+
+/// A page of open dead letters, oldest first.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+struct DeadPage {
+    items: Vec<DeadLetter>,
+    /// Pass as `cursor` for the next page; null on the last page.
+    next_cursor: Option<String>,
+}
+
+/// What a replay did.
+#[derive(Debug, Serialize, ToSchema)]
+struct RetryResult {
+    /// The dead letter.
+    id: i64,
+    /// `applied`: the message went through the inbox (applied now, or found applied before).
+    outcome: &'static str,
+}
+
+/// Lists open dead letters with their error and delivery count (admin).
+#[utoipa::path(get, path = "/inbox/dead", tag = "inbox", params(DeadParams),
+    security(("admin" = [])), responses(
+    (status = 200, description = "A page of dead letters", body = DeadPage),
+    (status = 401, description = "Missing or wrong admin token", body = Problem,
+        content_type = "application/problem+json"),
+    (status = 403, description = "ADMIN_TOKEN is not configured", body = Problem,
+        content_type = "application/problem+json"),
+))]
+async fn list_dead(
+    _: Admin,
+    State(state): State<AppState>,
+    Query(params): Query<DeadParams>,
+) -> Result<Json<DeadPage>, ApiError> {
+    let limit = pagination::limit(params.limit)?;
+    let after = match params.cursor.as_deref() {
+        None => 0,
+        Some(cursor) => cursor
+            .parse()
+            .map_err(|_| ApiError::validation("cursor", "not a cursor returned by this API"))?,
+    };
+    let mut items = state.rules.inbox().dead(after, limit + 1).await?;
+    let next_cursor = (items.len() as i64 > limit).then(|| {
+        items.truncate(limit as usize);
+        items.last().map(|d| d.id.to_string()).unwrap_or_default()
+    });
+    Ok(Json(DeadPage { items, next_cursor }))
+}
+
+/// Applies a dead letter again through the inbox, e.g. after the cause was fixed (admin).
+/// Exactly-once still holds: a message applied before is recognised as a duplicate.
+#[utoipa::path(post, path = "/inbox/dead/{id}/retry", tag = "inbox",
+    params(("id" = i64, Path, description = "Dead letter id")),
+    security(("admin" = [])), responses(
+    (status = 200, description = "Applied; the dead letter is closed", body = RetryResult),
+    (status = 404, description = "No open dead letter with this id", body = Problem,
+        content_type = "application/problem+json"),
+    (status = 409, description = "Still not applicable; the dead letter stays", body = Problem,
+        content_type = "application/problem+json"),
+    (status = 422, description = "The message can never be applied", body = Problem,
+        content_type = "application/problem+json"),
+    (status = 401, description = "Missing or wrong admin token", body = Problem,
+        content_type = "application/problem+json"),
+    (status = 403, description = "ADMIN_TOKEN is not configured", body = Problem,
+        content_type = "application/problem+json"),
+))]
+async fn retry(
+    _: Admin,
+    State(state): State<AppState>,
+    Path(id): Path<i64>,
+) -> Result<Json<RetryResult>, ApiError> {
+    let inbox = state.rules.inbox();
+    let letter = inbox
+        .dead_letter_by_id(id)
+        .await?
+        .ok_or_else(|| ApiError::not_found(format!("no open dead letter {id}")))?;
+    tracing::warn!(
+        dead_letter.id = id,
+        action = "retry",
+        "admin action on dead letter"
+    );
+    let headers = headers_from_json(&letter.headers);
+    match state.rules.verdict(&headers, &letter.payload, 1).await {
+        Verdict::Ack => {
+            inbox.close_dead_letter(id).await?;
+            Ok(Json(RetryResult {
+                id,
+                outcome: "applied",
+            }))
+        }
+        Verdict::Retry(reason) => Err(ApiError::conflict(format!(
+            "still not applicable: {reason}"
+        ))),
+        Verdict::Dead(reason) => Err(ApiError::validation("message", reason)),
+    }
 }

@@ -7,6 +7,7 @@ use anyhow::Context as _;
 use axum::Router;
 use axum::extract::FromRef;
 use outbox_core::Inbox;
+use service_kit::admin::{AdminSecurity, AdminToken};
 use service_kit::http::{self, BackgroundTask, Health};
 use service_kit::infra;
 use sqlx::PgPool;
@@ -14,7 +15,7 @@ use tokio::net::TcpListener;
 use utoipa::OpenApi;
 use utoipa_axum::router::OpenApiRouter;
 
-use crate::consumer::{self, Consumer};
+use crate::consumer::{self, Consumer, Rules};
 use crate::{Config, inbox_api, invoices};
 
 /// What handlers share.
@@ -22,14 +23,16 @@ use crate::{Config, inbox_api, invoices};
 pub struct AppState {
     /// The billing database (invoices and inbox).
     pub pool: PgPool,
-    /// The consumer's inbox.
-    pub inbox: Inbox,
+    /// How messages are applied (also used to replay dead letters).
+    pub rules: Rules,
     /// What readiness checks.
     pub health: Health,
+    /// The admin endpoints' token.
+    pub admin: AdminToken,
 }
 
 #[derive(OpenApi)]
-#[openapi(info(
+#[openapi(modifiers(&AdminSecurity), info(
     title = "billing-service",
     description = "Invoices made from order events, exactly one per order."
 ))]
@@ -92,7 +95,8 @@ impl App {
         .await
         .context("cannot create the durable consumer")?;
         let inbox = Inbox::new(pool.clone(), &config.consumer.name);
-        let consumer = Consumer::new(durable, inbox.clone(), config.consumer.clone());
+        let rules = Rules::new(inbox, config.consumer.max_retries);
+        let consumer = Consumer::new(durable, rules.clone(), config.consumer.clone());
 
         let listener = TcpListener::bind(&common.listen_addr)
             .await
@@ -101,10 +105,12 @@ impl App {
             pool: pool.clone(),
             nats,
         };
+        let admin = AdminToken::new(common.admin_token.clone());
         let router = router(AppState {
             pool: pool.clone(),
-            inbox,
+            rules,
             health,
+            admin,
         });
         Ok(Self {
             listener,

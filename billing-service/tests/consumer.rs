@@ -21,6 +21,10 @@ struct TestApp {
 
 impl TestApp {
     async fn spawn() -> Self {
+        Self::spawn_with(|_| {}).await
+    }
+
+    async fn spawn_with(adjust: impl FnOnce(&mut Config)) -> Self {
         let database = testing::unique("billing_test");
         let stream = testing::unique("BILLING_TEST");
         let mut config = Config::from_env().unwrap();
@@ -28,6 +32,7 @@ impl TestApp {
         let prefix = config.common.subject_prefix.clone();
         config.consumer.retry_delay = Duration::from_millis(50);
         config.consumer.max_retries = 1000;
+        adjust(&mut config);
         let app = App::build(config).await.unwrap();
         let pool = app.pool().clone();
         let running = Running::spawn(app.port(), |stop| app.run_until_stopped(stop));
@@ -162,6 +167,80 @@ async fn redelivered_message_changes_nothing() {
     })
     .await;
     assert_eq!(stats["dead"], 0);
+    let invoices: i64 = sqlx::query_scalar("SELECT count(*) FROM invoices")
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
+    assert_eq!(invoices, 2);
+    app.stop().await;
+}
+
+/// A message that cannot be applied (OrderPaid for an order billing never saw) becomes a dead
+/// letter; once the cause is fixed (the OrderPlaced arrives), an admin replay applies it
+/// exactly once.
+#[tokio::test]
+async fn dead_letter_replay_after_the_cause_is_fixed_applies_once() {
+    let app = TestApp::spawn_with(|config| {
+        config.consumer.max_retries = 2;
+        config.common.admin_token = Some("s3cret".into());
+    })
+    .await;
+    app.publish("m-paid", "OrderPaid", "o1", placed("o1", 800))
+        .await;
+    eventually("the dead letter", WAIT, || async {
+        (app.stats().await["dead"] == 1).then_some(())
+    })
+    .await;
+    app.publish("m-other", "OrderPlaced", "o2", placed("o2", 100))
+        .await;
+    eventually("o2's invoice", WAIT, || async { app.invoice("o2").await }).await;
+
+    let client = reqwest::Client::new();
+    let dead: Value = client
+        .get(format!("{}/inbox/dead", app.running.url))
+        .bearer_auth("s3cret")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let id = dead["items"][0]["id"].as_i64().unwrap();
+    assert!(
+        dead["items"][0]["error"]
+            .as_str()
+            .unwrap()
+            .contains("no invoice for order o1")
+    );
+    let retry = |token: &'static str| {
+        client
+            .post(format!("{}/inbox/dead/{id}/retry", app.running.url))
+            .bearer_auth(token)
+            .send()
+    };
+    assert_eq!(retry("wrong").await.unwrap().status(), 401);
+    assert_eq!(
+        retry("s3cret").await.unwrap().status(),
+        409,
+        "o1 still has no invoice"
+    );
+
+    app.publish("m-placed", "OrderPlaced", "o1", placed("o1", 800))
+        .await;
+    eventually("o1's invoice", WAIT, || async { app.invoice("o1").await }).await;
+    assert_eq!(retry("s3cret").await.unwrap().status(), 200);
+    assert_eq!(app.invoice("o1").await, Some((800, "paid".into())));
+    assert_eq!(
+        retry("s3cret").await.unwrap().status(),
+        404,
+        "closed after the replay"
+    );
+    let stats = app.stats().await;
+    assert_eq!(
+        (stats["processed"].as_i64(), stats["dead"].as_i64()),
+        (Some(3), Some(0)),
+        "{stats}"
+    );
     let invoices: i64 = sqlx::query_scalar("SELECT count(*) FROM invoices")
         .fetch_one(&app.pool)
         .await

@@ -1,21 +1,146 @@
-//! `/outbox/stats`: how far behind the relay is.
+//! `/outbox/...`: how far behind the relay is, and the dead events an operator retries or
+//! skips (admin only).
 
 use axum::extract::State;
 use outbox_core::OutboxStats;
-use service_kit::{ApiError, Json};
+use outbox_core::outbox::{self, DeadEvent};
+use serde::{Deserialize, Serialize};
+use service_kit::admin::Admin;
+use service_kit::pagination;
+use service_kit::problem::Problem;
+use service_kit::{ApiError, Json, Path, Query};
+use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
+use uuid::Uuid;
 
 use crate::AppState;
 
 /// The outbox routes.
 pub fn router() -> OpenApiRouter<AppState> {
-    OpenApiRouter::new().routes(routes!(stats))
+    OpenApiRouter::new()
+        .routes(routes!(stats))
+        .routes(routes!(list_dead))
+        .routes(routes!(retry))
+        .routes(routes!(skip))
 }
 
-/// Pending and dead events and the age of the oldest pending one.
+/// Pending, dead and parked events and the age of the oldest pending one.
 #[utoipa::path(get, path = "/outbox/stats", tag = "outbox",
     responses((status = 200, description = "Current outbox counts", body = OutboxStats)))]
 async fn stats(State(state): State<AppState>) -> Result<Json<OutboxStats>, ApiError> {
-    Ok(Json(outbox_core::outbox::stats(&state.pool).await?))
+    Ok(Json(outbox::stats(&state.pool).await?))
+}
+
+/// Page parameters.
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+struct DeadParams {
+    /// Items per page, 1-200 (default 50).
+    limit: Option<i64>,
+    /// `nextCursor` of the previous page.
+    cursor: Option<String>,
+}
+
+/// A page of dead events, oldest first.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+struct DeadPage {
+    items: Vec<DeadEvent>,
+    /// Pass as `cursor` for the next page; null on the last page.
+    next_cursor: Option<String>,
+}
+
+/// What an admin action did.
+#[derive(Debug, Serialize, ToSchema)]
+struct ActionResult {
+    /// The event.
+    id: Uuid,
+    /// Its status now: `pending` after a retry, `skipped` after a skip.
+    status: &'static str,
+}
+
+/// Lists dead events with their attempts and last error (admin).
+#[utoipa::path(get, path = "/outbox/dead", tag = "outbox", params(DeadParams),
+    security(("admin" = [])), responses(
+    (status = 200, description = "A page of dead events", body = DeadPage),
+    (status = 401, description = "Missing or wrong admin token", body = Problem,
+        content_type = "application/problem+json"),
+    (status = 403, description = "ADMIN_TOKEN is not configured", body = Problem,
+        content_type = "application/problem+json"),
+))]
+async fn list_dead(
+    _: Admin,
+    State(state): State<AppState>,
+    Query(params): Query<DeadParams>,
+) -> Result<Json<DeadPage>, ApiError> {
+    let limit = pagination::limit(params.limit)?;
+    let after = match params.cursor.as_deref() {
+        None => 0,
+        Some(cursor) => cursor
+            .parse()
+            .map_err(|_| ApiError::validation("cursor", "not a cursor returned by this API"))?,
+    };
+    let mut items = outbox::dead(&state.pool, after, limit + 1).await?;
+    let next_cursor = (items.len() as i64 > limit).then(|| {
+        items.truncate(limit as usize);
+        items.last().map(|e| e.seq.to_string()).unwrap_or_default()
+    });
+    Ok(Json(DeadPage { items, next_cursor }))
+}
+
+/// Publishes a dead event again; the events it held back follow (admin).
+#[utoipa::path(post, path = "/outbox/dead/{id}/retry", tag = "outbox",
+    params(("id" = Uuid, Path, description = "Event id (ce-id)")),
+    security(("admin" = [])), responses(
+    (status = 200, description = "Pending again", body = ActionResult),
+    (status = 404, description = "No dead event with this id", body = Problem,
+        content_type = "application/problem+json"),
+    (status = 401, description = "Missing or wrong admin token", body = Problem,
+        content_type = "application/problem+json"),
+    (status = 403, description = "ADMIN_TOKEN is not configured", body = Problem,
+        content_type = "application/problem+json"),
+))]
+async fn retry(
+    _: Admin,
+    State(state): State<AppState>,
+    Path(id): Path<Uuid>,
+) -> Result<Json<ActionResult>, ApiError> {
+    if !outbox::retry_dead(&state.pool, id).await? {
+        return Err(ApiError::not_found(format!("no dead event {id}")));
+    }
+    tracing::warn!(event.id = %id, action = "retry", "admin action on dead event");
+    Ok(Json(ActionResult {
+        id,
+        status: "pending",
+    }))
+}
+
+/// Gives up on a dead event: it stays recorded as skipped, the events it held back follow
+/// (admin).
+#[utoipa::path(post, path = "/outbox/dead/{id}/skip", tag = "outbox",
+    params(("id" = Uuid, Path, description = "Event id (ce-id)")),
+    security(("admin" = [])), responses(
+    (status = 200, description = "Skipped", body = ActionResult),
+    (status = 404, description = "No dead event with this id", body = Problem,
+        content_type = "application/problem+json"),
+    (status = 401, description = "Missing or wrong admin token", body = Problem,
+        content_type = "application/problem+json"),
+    (status = 403, description = "ADMIN_TOKEN is not configured", body = Problem,
+        content_type = "application/problem+json"),
+))]
+async fn skip(
+    _: Admin,
+    State(state): State<AppState>,
+    Path(id): Path<Uuid>,
+) -> Result<Json<ActionResult>, ApiError> {
+    if !outbox::skip_dead(&state.pool, id).await? {
+        return Err(ApiError::not_found(format!("no dead event {id}")));
+    }
+    tracing::warn!(event.id = %id, action = "skip", "admin action on dead event");
+    Ok(Json(ActionResult {
+        id,
+        status: "skipped",
+    }))
 }

@@ -8,6 +8,7 @@ use async_nats::jetstream::context::ContextBuilder;
 use axum::Router;
 use axum::extract::FromRef;
 use outbox_core::{JetStreamPublisher, Relay};
+use service_kit::admin::{AdminSecurity, AdminToken};
 use service_kit::http::{self, BackgroundTask, Health};
 use service_kit::infra;
 use sqlx::PgPool;
@@ -24,10 +25,12 @@ pub struct AppState {
     pub pool: PgPool,
     /// What readiness checks.
     pub health: Health,
+    /// The admin endpoints' token.
+    pub admin: AdminToken,
 }
 
 #[derive(OpenApi)]
-#[openapi(info(
+#[openapi(modifiers(&AdminSecurity), info(
     title = "orders-service",
     description = "Orders whose events are published through a transactional outbox."
 ))]
@@ -97,9 +100,11 @@ impl App {
             pool: pool.clone(),
             nats,
         };
+        let admin = AdminToken::new(common.admin_token.clone());
         let router = router(AppState {
             pool: pool.clone(),
             health,
+            admin,
         });
         Ok(Self {
             listener,

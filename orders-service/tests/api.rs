@@ -17,6 +17,10 @@ struct TestApp {
 
 impl TestApp {
     async fn spawn() -> Self {
+        Self::spawn_with(|_| {}).await
+    }
+
+    async fn spawn_with(adjust: impl FnOnce(&mut Config)) -> Self {
         let database = testing::unique("orders_test");
         let stream = testing::unique("ORDERS_TEST");
         let mut config = Config::from_env().unwrap();
@@ -25,6 +29,7 @@ impl TestApp {
             .relay
             .subject_prefix
             .clone_from(&config.common.subject_prefix);
+        adjust(&mut config);
         let app = App::build(config).await.unwrap();
         let pool = app.pool().clone();
         let running = Running::spawn(app.port(), |stop| app.run_until_stopped(stop));
@@ -276,4 +281,100 @@ async fn list_pages_newest_first() {
     let status: Value = app.get("/readyz").await.json().await.unwrap();
     assert_eq!(status["status"], "ok");
     app.stop().await;
+}
+
+#[tokio::test]
+async fn admin_endpoints_need_the_token_and_retry_or_skip_dead_events() {
+    let app = TestApp::spawn_with(|config| {
+        config.common.admin_token = Some("s3cret".into());
+        // No relay: the test makes events dead by hand.
+        config.relay_enabled = false;
+    })
+    .await;
+    for id in ["o1", "o2"] {
+        let body = json!({"id": id, "customer": "ada", "totalMinor": 5});
+        assert_eq!(
+            app.post("/orders", Some(body)).await.status(),
+            StatusCode::CREATED
+        );
+    }
+    let ids: Vec<uuid::Uuid> = sqlx::query_scalar(
+        "UPDATE outbox SET status = 'dead', attempts = 10, last_error = 'boom' RETURNING id",
+    )
+    .fetch_all(&app.pool)
+    .await
+    .unwrap();
+
+    let url = format!("{}/outbox/dead", app.running.url);
+    problem(app.client.get(&url).send().await.unwrap(), 401, None).await;
+    problem(
+        app.client
+            .get(&url)
+            .bearer_auth("wrong")
+            .send()
+            .await
+            .unwrap(),
+        401,
+        None,
+    )
+    .await;
+    let page: Value = app
+        .client
+        .get(&url)
+        .bearer_auth("s3cret")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(page["items"].as_array().unwrap().len(), 2, "{page}");
+    assert_eq!(page["items"][0]["lastError"], "boom");
+
+    let admin = |path: String| {
+        app.client
+            .post(format!("{}{path}", app.running.url))
+            .bearer_auth("s3cret")
+    };
+    let retried = admin(format!("/outbox/dead/{}/retry", ids[0]))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(retried.status(), StatusCode::OK);
+    let skipped = admin(format!("/outbox/dead/{}/skip", ids[1]))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(skipped.status(), StatusCode::OK);
+    problem(
+        admin(format!("/outbox/dead/{}/skip", ids[1]))
+            .send()
+            .await
+            .unwrap(),
+        404,
+        None,
+    )
+    .await;
+    let statuses: Vec<String> = sqlx::query_scalar("SELECT status FROM outbox ORDER BY seq")
+        .fetch_all(&app.pool)
+        .await
+        .unwrap();
+    assert_eq!(statuses, ["pending", "skipped"]);
+    app.stop().await;
+
+    let without_token = TestApp::spawn().await;
+    let url = format!("{}/outbox/dead", without_token.running.url);
+    problem(
+        without_token
+            .client
+            .get(&url)
+            .bearer_auth("anything")
+            .send()
+            .await
+            .unwrap(),
+        403,
+        None,
+    )
+    .await;
+    without_token.stop().await;
 }

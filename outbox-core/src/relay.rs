@@ -17,6 +17,7 @@ use async_nats::HeaderMap;
 use bytes::Bytes;
 use chrono::SecondsFormat;
 use sqlx::PgPool;
+use sqlx::postgres::PgListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::outbox::storage::{self, Claimed};
@@ -85,9 +86,17 @@ impl<P: Publisher> Relay<P> {
     }
 
     /// Runs passes until `shutdown` is cancelled; a pass in progress is finished first.
+    ///
+    /// The relay listens on [`crate::outbox::CHANNEL`] before its first pass, so a commit that
+    /// enqueues wakes it at once; `poll_interval` remains the fallback when notifications are
+    /// lost (a dropped listener connection is re-established by the next wait).
     pub async fn run(self, shutdown: CancellationToken) {
         tracing::info!(prefix = %self.config.subject_prefix, "relay started");
+        let mut listener = None;
         while !shutdown.is_cancelled() {
+            if listener.is_none() {
+                listener = self.listen().await;
+            }
             let wait = match self.run_once().await {
                 Ok(report) if report.claimed as i64 >= self.config.batch_size => continue,
                 Ok(_) => self.config.poll_interval,
@@ -99,9 +108,25 @@ impl<P: Publisher> Relay<P> {
             tokio::select! {
                 () = shutdown.cancelled() => {}
                 () = tokio::time::sleep(wait) => {}
+                () = notified(&mut listener) => {}
+            }
+            // One pass serves every commit notified so far.
+            if let Some(listener) = &mut listener {
+                while listener.next_buffered().is_some() {}
             }
         }
         tracing::info!("relay stopped");
+    }
+
+    async fn listen(&self) -> Option<PgListener> {
+        let mut listener = PgListener::connect_with(&self.pool).await.ok()?;
+        match listener.listen(crate::outbox::CHANNEL).await {
+            Ok(()) => Some(listener),
+            Err(error) => {
+                tracing::warn!(error = ?error, "cannot listen for commits; polling only");
+                None
+            }
+        }
     }
 
     /// One pass: claim, publish, record. See the module documentation.
@@ -196,6 +221,19 @@ impl<P: Publisher> Relay<P> {
             headers,
             payload: Bytes::from(row.payload.clone()),
         }
+    }
+}
+
+/// Resolves when a commit was notified (or notifications may have been missed while the
+/// connection was re-established); never without a listener.
+async fn notified(listener: &mut Option<PgListener>) {
+    let Some(active) = listener else {
+        return std::future::pending().await;
+    };
+    if let Err(error) = active.try_recv().await {
+        tracing::warn!(error = ?error, "commit listener failed; polling until it is back");
+        *listener = None;
+        std::future::pending::<()>().await;
     }
 }
 

@@ -213,6 +213,59 @@ async fn dead_head_parks_its_aggregate(pool: PgPool) {
         (1, 1, 1),
         "{stats:?}"
     );
+    // Still parked on the next pass.
+    assert_eq!(healthy.run_once().await.unwrap().claimed, 0);
+
+    // An operator retries the dead head: it is published, then the event it held back.
+    let dead = outbox::dead(&pool, 0, 10).await.unwrap();
+    assert!(outbox::retry_dead(&pool, dead[0].id).await.unwrap());
+    assert!(
+        !outbox::retry_dead(&pool, dead[0].id).await.unwrap(),
+        "no longer dead"
+    );
+    healthy.run_once().await.unwrap();
+    assert_eq!(
+        stream.published().await,
+        ["o2:OrderPlaced", "o1:OrderPlaced", "o1:OrderPaid"]
+    );
+    let stats = outbox::stats(&pool).await.unwrap();
+    assert_eq!(
+        (stats.pending, stats.dead, stats.parked),
+        (0, 0, 0),
+        "{stats:?}"
+    );
+    stream.delete().await;
+}
+
+/// Skipping a dead head records it as skipped and lets the held-back events follow.
+#[sqlx::test(migrations = false)]
+async fn skipped_dead_head_releases_its_aggregate(pool: PgPool) {
+    migrate(&pool).await;
+    let stream = TestStream::new().await;
+    enqueue(&pool, "o1", "OrderPlaced", json!({})).await;
+    enqueue(&pool, "o1", "OrderPaid", json!({})).await;
+    let mut config = stream.relay_config();
+    config.max_attempts = 1;
+    let failing =
+        FaultyPublisher::new(stream.publisher()).with_aggregate_faults("o1", [Fault::Before]);
+    let report = Relay::new(pool.clone(), failing, config.clone())
+        .run_once()
+        .await
+        .unwrap();
+    assert_eq!(report.dead, 1);
+
+    let dead = outbox::dead(&pool, 0, 10).await.unwrap();
+    assert!(outbox::skip_dead(&pool, dead[0].id).await.unwrap());
+    Relay::new(pool.clone(), stream.publisher(), config)
+        .run_once()
+        .await
+        .unwrap();
+    assert_eq!(stream.published().await, ["o1:OrderPaid"]);
+    let statuses: Vec<String> = sqlx::query_scalar("SELECT status FROM outbox ORDER BY seq")
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    assert_eq!(statuses, ["skipped", "published"]);
     stream.delete().await;
 }
 
@@ -249,5 +302,42 @@ async fn messages_carry_cloudevents_headers(pool: PgPool) {
     assert_eq!(header("traceparent").as_deref(), Some(traceparent));
     let body: serde_json::Value = serde_json::from_slice(&message.payload).unwrap();
     assert_eq!(body, json!({"orderId": "o9"}));
+    stream.delete().await;
+}
+
+/// With polling set to minutes, a commit still reaches the stream at once: enqueue notifies and
+/// the relay listens.
+#[sqlx::test(migrations = false)]
+async fn commit_wakes_the_relay_long_before_the_poll_interval(pool: PgPool) {
+    migrate(&pool).await;
+    let stream = TestStream::new().await;
+    let mut config = stream.relay_config();
+    config.poll_interval = Duration::from_secs(600);
+    let relay = Relay::new(pool.clone(), stream.publisher(), config);
+    let stop = tokio_util::sync::CancellationToken::new();
+    let running = tokio::spawn(relay.run(stop.clone()));
+
+    // Let the relay finish its first (empty) pass, so only a notification can wake it.
+    eventually("the relay to listen", Duration::from_secs(10), || async {
+        let listening: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'LISTEN%' AND datname = current_database()",
+        )
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        (listening > 0).then_some(())
+    })
+    .await;
+    for i in 0..3 {
+        enqueue(&pool, &format!("o{i}"), "OrderPlaced", json!({})).await;
+        eventually(
+            "the event on the stream",
+            Duration::from_secs(10),
+            || async { (stream.contents().await.len() == i + 1).then_some(()) },
+        )
+        .await;
+    }
+    stop.cancel();
+    running.await.unwrap();
     stream.delete().await;
 }

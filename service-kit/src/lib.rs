@@ -1,5 +1,6 @@
 //! Shared plumbing of the workspace's services.
 //!
+//! - [`admin`]: the bearer-token guard of admin endpoints;
 //! - [`config`]: reading settings from the environment, failing with the variable's name;
 //! - [`telemetry`]: `tracing` subscriber set-up, JSON or pretty;
 //! - [`problem`]: [`ApiError`] and the extractors that turn rejections into problem+json;
@@ -9,6 +10,7 @@
 //! - [`pagination`]: opaque cursors for newest-first lists;
 //! - `testing` (feature `testing`): unique names and bounded waits for tests.
 
+pub mod admin;
 pub mod config;
 pub mod http;
 pub mod infra;

@@ -140,6 +140,16 @@ impl Inbox {
         Ok(storage::dead(&self.pool, &self.consumer, after_id, limit).await?)
     }
 
+    /// Reads an open dead letter, to replay it.
+    pub async fn dead_letter_by_id(&self, id: i64) -> Result<Option<DeadLetter>, Error> {
+        Ok(storage::find_dead(&self.pool, &self.consumer, id).await?)
+    }
+
+    /// Closes a dead letter once its replay succeeded; false if it was not open.
+    pub async fn close_dead_letter(&self, id: i64) -> Result<bool, Error> {
+        Ok(storage::close_dead(&self.pool, &self.consumer, id).await?)
+    }
+
     /// Reads the current [`InboxStats`].
     pub async fn stats(&self) -> Result<InboxStats, Error> {
         Ok(storage::stats(&self.pool, &self.consumer).await?)

@@ -74,6 +74,38 @@ pub(crate) async fn dead(
     .await
 }
 
+/// Reads open dead letter `id`.
+pub(crate) async fn find_dead(
+    pool: &PgPool,
+    consumer: &str,
+    id: i64,
+) -> sqlx::Result<Option<DeadLetter>> {
+    sqlx::query_as!(
+        DeadLetter,
+        r#"
+        SELECT id, message_id, subject, headers, payload, error, deliveries, created_at
+        FROM inbox_dead
+        WHERE consumer = $1 AND id = $2 AND retried_at IS NULL
+        "#,
+        consumer,
+        id,
+    )
+    .fetch_optional(pool)
+    .await
+}
+
+/// Closes dead letter `id` after a successful retry; false if it was not open.
+pub(crate) async fn close_dead(pool: &PgPool, consumer: &str, id: i64) -> sqlx::Result<bool> {
+    let result = sqlx::query!(
+        "UPDATE inbox_dead SET retried_at = now() WHERE consumer = $1 AND id = $2 AND retried_at IS NULL",
+        consumer,
+        id,
+    )
+    .execute(pool)
+    .await?;
+    Ok(result.rows_affected() == 1)
+}
+
 /// Counts processed messages, duplicates and open dead letters.
 pub(crate) async fn stats(pool: &PgPool, consumer: &str) -> sqlx::Result<InboxStats> {
     sqlx::query_as!(

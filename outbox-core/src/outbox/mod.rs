@@ -11,6 +11,9 @@ use uuid::Uuid;
 
 use crate::{Error, NewEvent};
 
+/// The PostgreSQL channel `enqueue` notifies at commit and relays listen on.
+pub const CHANNEL: &str = "outbox";
+
 /// Writes `event` to the outbox inside the caller's transaction and returns its id.
 ///
 /// The row becomes visible to the relay only when the caller commits; if the transaction rolls
@@ -69,6 +72,18 @@ pub struct DeadEvent {
 /// Lists dead events in outbox order, after `after_seq`, at most `limit`.
 pub async fn dead(pool: &PgPool, after_seq: i64, limit: i64) -> Result<Vec<DeadEvent>, Error> {
     Ok(storage::dead(pool, after_seq, limit).await?)
+}
+
+/// Makes a dead event pending again (attempts reset): it is published, then the events it
+/// held back follow. Returns false when `id` is not a dead event.
+pub async fn retry_dead(pool: &PgPool, id: Uuid) -> Result<bool, Error> {
+    Ok(storage::retry_dead(pool, id).await?)
+}
+
+/// Gives up on a dead event: it stays recorded as `skipped` and the events it held back
+/// follow. Returns false when `id` is not a dead event.
+pub async fn skip_dead(pool: &PgPool, id: Uuid) -> Result<bool, Error> {
+    Ok(storage::skip_dead(pool, id).await?)
 }
 
 /// Deletes published and skipped events older than `retention`, `batch` rows per statement.

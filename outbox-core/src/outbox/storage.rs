@@ -23,19 +23,25 @@ pub(crate) struct Claimed {
     pub(crate) created_at: DateTime<Utc>,
 }
 
-/// Inserts one event after taking the per-aggregate advisory lock held until commit.
+/// Inserts one event after taking the per-aggregate advisory lock held until commit, and
+/// notifies [`super::CHANNEL`] (delivered at commit; repeated notifications in one transaction
+/// collapse into one).
 pub(crate) async fn insert(
     conn: &mut PgConnection,
     id: Uuid,
     event: &NewEvent,
 ) -> sqlx::Result<()> {
-    sqlx::query!(
+    sqlx::query_scalar!(
         r#"
         WITH aggregate_lock AS (
             SELECT pg_advisory_xact_lock(hashtextextended('outbox/' || $2 || '/' || $3, 0))
+        ),
+        inserted AS (
+            INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload, traceparent)
+            SELECT $1, $2, $3, $4, $5, $6 FROM aggregate_lock
+            RETURNING seq
         )
-        INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload, traceparent)
-        SELECT $1, $2, $3, $4, $5, $6 FROM aggregate_lock
+        SELECT pg_notify('outbox', '')::text FROM inserted
         "#,
         id,
         event.aggregate_type,
@@ -44,7 +50,7 @@ pub(crate) async fn insert(
         event.payload,
         event.traceparent,
     )
-    .execute(conn)
+    .fetch_one(conn)
     .await?;
     Ok(())
 }
@@ -176,6 +182,42 @@ pub(crate) async fn dead(
     )
     .fetch_all(pool)
     .await
+}
+
+/// Makes dead event `id` pending with fresh attempts and wakes the relays; false if not dead.
+pub(crate) async fn retry_dead(pool: &PgPool, id: Uuid) -> sqlx::Result<bool> {
+    let notified = sqlx::query_scalar!(
+        r#"
+        WITH retried AS (
+            UPDATE outbox SET status = 'pending', attempts = 0, next_attempt_at = now()
+            WHERE id = $1 AND status = 'dead'
+            RETURNING seq
+        )
+        SELECT pg_notify('outbox', '')::text FROM retried
+        "#,
+        id,
+    )
+    .fetch_optional(pool)
+    .await?;
+    Ok(notified.is_some())
+}
+
+/// Marks dead event `id` skipped, releasing its aggregate, and wakes the relays; false if not
+/// dead.
+pub(crate) async fn skip_dead(pool: &PgPool, id: Uuid) -> sqlx::Result<bool> {
+    let notified = sqlx::query_scalar!(
+        r#"
+        WITH skipped AS (
+            UPDATE outbox SET status = 'skipped' WHERE id = $1 AND status = 'dead'
+            RETURNING seq
+        )
+        SELECT pg_notify('outbox', '')::text FROM skipped
+        "#,
+        id,
+    )
+    .fetch_optional(pool)
+    .await?;
+    Ok(notified.is_some())
 }
 
 /// Deletes up to `batch` published or skipped rows created more than `retention` ago.

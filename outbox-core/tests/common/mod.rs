@@ -91,6 +91,15 @@ impl TestStream {
         out
     }
 
+    /// Every message in the stream, in stream order, as `aggregate:type`.
+    pub async fn published(&self) -> Vec<String> {
+        let contents = self.contents().await;
+        contents
+            .into_iter()
+            .map(|(subject, kind, _)| format!("{subject}:{kind}"))
+            .collect()
+    }
+
     pub async fn delete(self) {
         let _ = self.jetstream.delete_stream(&self.name).await;
     }
