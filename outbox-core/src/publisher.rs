@@ -133,10 +133,19 @@ pub async fn ensure_stream(
         num_replicas: spec.replicas,
         ..Default::default()
     };
-    context.create_or_update_stream(config).await.map_err(|e| {
+    let info = context.create_or_update_stream(config).await.map_err(|e| {
         Error::Stream(
             format!("creating or updating stream {}", spec.name),
             e.into(),
         )
-    })
+    })?;
+    // A shorter window would let a re-published event through as a second message.
+    if info.config.duplicate_window < spec.duplicate_window {
+        let reason = format!(
+            "stream {} keeps a duplicate window of {:?}, shorter than the configured {:?}",
+            spec.name, info.config.duplicate_window, spec.duplicate_window
+        );
+        return Err(Error::Stream(reason.clone(), reason.into()));
+    }
+    Ok(info)
 }

@@ -37,6 +37,18 @@ struct State {
     always: Vec<String>,
     /// Awaited by the first publish call.
     barrier: Option<Arc<Barrier>>,
+    /// Probability that a publish meets a random fault (half before, half after).
+    random_rate: f64,
+    /// Shared with other publishers, to catch two of them publishing one row at once.
+    in_flight: Option<Arc<Mutex<InFlight>>>,
+}
+
+/// Ids being published right now by any publisher sharing this.
+#[derive(Debug, Default)]
+pub struct InFlight {
+    ids: std::collections::HashSet<String>,
+    /// Times a publish started while the same id was in flight at another publisher.
+    pub overlaps: usize,
 }
 
 impl<P: Publisher> FaultyPublisher<P> {
@@ -84,6 +96,21 @@ impl<P: Publisher> FaultyPublisher<P> {
         self
     }
 
+    /// Each publish meets a fault with probability `rate`, before or after the broker at
+    /// random.
+    #[must_use]
+    pub fn with_random_faults(self, rate: f64) -> Self {
+        self.state().random_rate = rate;
+        self
+    }
+
+    /// Registers every publish in `in_flight`, shared with other publishers.
+    #[must_use]
+    pub fn with_in_flight(self, in_flight: Arc<Mutex<InFlight>>) -> Self {
+        self.state().in_flight = Some(in_flight);
+        self
+    }
+
     /// The ids of every message this publisher was asked to publish, in order.
     pub fn asked(&self) -> Arc<Mutex<Vec<String>>> {
         self.asked.clone()
@@ -105,7 +132,17 @@ impl<P: Publisher> FaultyPublisher<P> {
         if let Some(fault) = state.per_aggregate.get_mut(&aggregate).and_then(Vec::pop) {
             return Some(fault);
         }
-        state.faults.pop()
+        if let Some(fault) = state.faults.pop() {
+            return Some(fault);
+        }
+        let random = state.random_rate > 0.0 && rand::random_bool(state.random_rate);
+        random.then(|| {
+            if rand::random_bool(0.5) {
+                Fault::Before
+            } else {
+                Fault::After
+            }
+        })
     }
 }
 
@@ -121,12 +158,20 @@ impl<P: Publisher> Publisher for FaultyPublisher<P> {
         if let Some(barrier) = barrier {
             barrier.wait().await;
         }
+        let in_flight = self.state().in_flight.clone();
         let mut results = Vec::with_capacity(messages.len());
         for message in messages {
+            let id = message.id.to_string();
             self.asked
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
-                .push(message.id.to_string());
+                .push(id.clone());
+            if let Some(in_flight) = &in_flight {
+                let mut in_flight = in_flight.lock().unwrap_or_else(PoisonError::into_inner);
+                if !in_flight.ids.insert(id.clone()) {
+                    in_flight.overlaps += 1;
+                }
+            }
             let result = match self.fault_for(&message) {
                 Some(Fault::Before) => Err(PublishError::NotAccepted(
                     "injected fault: broker unreachable".into(),
@@ -145,6 +190,13 @@ impl<P: Publisher> Publisher for FaultyPublisher<P> {
                         Err(PublishError::NoAck("publisher returned no result".into()))
                     }),
             };
+            if let Some(in_flight) = &in_flight {
+                in_flight
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .ids
+                    .remove(&id);
+            }
             results.push(result);
         }
         results

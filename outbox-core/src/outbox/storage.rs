@@ -65,13 +65,13 @@ pub(crate) async fn claim(conn: &mut PgConnection, limit: i64) -> sqlx::Result<V
             SELECT seq, aggregate_type, aggregate_id
             FROM outbox o
             WHERE status = 'pending' AND next_attempt_at <= now()
-              -- Aggregates parked behind a dead event or waiting out a backoff are not claimed,
-              -- so they cannot fill the batch and starve the others.
+              -- Behind a dead or failing head only the head is claimed (when due), so one
+              -- failing aggregate cannot fill the batch and starve the others.
               AND NOT EXISTS (
                   SELECT 1 FROM outbox p
                   WHERE p.aggregate_type = o.aggregate_type AND p.aggregate_id = o.aggregate_id
                     AND p.seq < o.seq
-                    AND (p.status = 'dead' OR (p.status = 'pending' AND p.next_attempt_at > now()))
+                    AND (p.status = 'dead' OR (p.status = 'pending' AND p.attempts > 0))
               )
             ORDER BY seq
             LIMIT $1
