@@ -11,6 +11,10 @@ pub struct Config {
     pub common: Common,
     /// How the consumer treats messages.
     pub consumer: ConsumerConfig,
+    /// `INBOX_RETENTION_MS`: inbox records are deleted after this long. It must exceed the
+    /// stream's duplicate window plus the redelivery horizon, or a late copy of a message would
+    /// be applied again.
+    pub inbox_retention: Duration,
 }
 
 /// The JetStream consumer's settings.
@@ -59,6 +63,25 @@ impl Config {
             (1..=10_000).contains(&consumer.batch),
             "must be 1 to 10000",
         )?;
-        Ok(Self { common, consumer })
+        let inbox_retention = millis("INBOX_RETENTION_MS", Duration::from_secs(7 * 24 * 3600))?;
+        let horizon = common.duplicate_window
+            + consumer.ack_wait
+            + consumer
+                .retry_delay
+                .saturating_mul(u32::try_from(consumer.max_retries).unwrap_or(u32::MAX));
+        ensure(
+            "INBOX_RETENTION_MS",
+            inbox_retention > horizon,
+            &format!(
+                "must exceed NATS_DUPLICATE_WINDOW_MS + CONSUMER_ACK_WAIT_MS + \
+                 CONSUMER_RETRY_DELAY_MS x CONSUMER_MAX_RETRIES ({} ms)",
+                horizon.as_millis()
+            ),
+        )?;
+        Ok(Self {
+            common,
+            consumer,
+            inbox_retention,
+        })
     }
 }

@@ -6,7 +6,7 @@ use std::future::Future;
 use anyhow::Context as _;
 use axum::Router;
 use axum::extract::FromRef;
-use outbox_core::Inbox;
+use outbox_core::{Cleanup, Inbox};
 use service_kit::admin::{AdminSecurity, AdminToken};
 use service_kit::http::{self, BackgroundTask, Health};
 use service_kit::infra;
@@ -72,6 +72,7 @@ pub struct App {
     listener: TcpListener,
     router: Router,
     consumer: Consumer,
+    cleanup: Cleanup,
     pool: PgPool,
 }
 
@@ -95,6 +96,7 @@ impl App {
         .await
         .context("cannot create the durable consumer")?;
         let inbox = Inbox::new(pool.clone(), &config.consumer.name);
+        let cleanup = Cleanup::inbox(inbox.clone(), config.inbox_retention);
         let rules = Rules::new(inbox, config.consumer.max_retries);
         let consumer = Consumer::new(durable, rules.clone(), config.consumer.clone());
 
@@ -116,6 +118,7 @@ impl App {
             listener,
             router,
             consumer,
+            cleanup,
             pool,
         })
     }
@@ -140,8 +143,11 @@ impl App {
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> anyhow::Result<()> {
         tracing::info!(port = self.port(), "billing-service listening");
-        let consumer = self.consumer;
-        let tasks: Vec<BackgroundTask> = vec![Box::new(|stop| Box::pin(consumer.run(stop)))];
+        let (consumer, cleanup) = (self.consumer, self.cleanup);
+        let tasks: Vec<BackgroundTask> = vec![
+            Box::new(|stop| Box::pin(consumer.run(stop))),
+            Box::new(|stop| Box::pin(cleanup.run(stop))),
+        ];
         http::run_until_stopped(self.listener, self.router, self.pool, tasks, shutdown).await
     }
 }

@@ -16,6 +16,8 @@ pub struct Config {
     pub relay_enabled: bool,
     /// `NATS_PUBLISH_TIMEOUT_MS`: the longest wait for one PubAck.
     pub publish_timeout: Duration,
+    /// `OUTBOX_RETENTION_MS`: published and skipped events are deleted after this long.
+    pub outbox_retention: Duration,
 }
 
 impl Config {
@@ -47,6 +49,7 @@ impl Config {
             relay,
             relay_enabled: parse("RELAY_ENABLED", true)?,
             publish_timeout: millis("NATS_PUBLISH_TIMEOUT_MS", Duration::from_secs(5))?,
+            outbox_retention: millis("OUTBOX_RETENTION_MS", Duration::from_secs(24 * 3600))?,
             common,
         };
         ensure(

@@ -7,7 +7,7 @@ use anyhow::Context as _;
 use async_nats::jetstream::context::ContextBuilder;
 use axum::Router;
 use axum::extract::FromRef;
-use outbox_core::{JetStreamPublisher, Relay};
+use outbox_core::{Cleanup, JetStreamPublisher, Relay};
 use service_kit::admin::{AdminSecurity, AdminToken};
 use service_kit::http::{self, BackgroundTask, Health};
 use service_kit::infra;
@@ -70,6 +70,7 @@ pub struct App {
     listener: TcpListener,
     router: Router,
     relay: Option<Relay<JetStreamPublisher>>,
+    cleanup: Cleanup,
     pool: PgPool,
 }
 
@@ -106,10 +107,12 @@ impl App {
             health,
             admin,
         });
+        let cleanup = Cleanup::outbox(pool.clone(), config.outbox_retention);
         Ok(Self {
             listener,
             router,
             relay,
+            cleanup,
             pool,
         })
     }
@@ -134,11 +137,11 @@ impl App {
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> anyhow::Result<()> {
         tracing::info!(port = self.port(), "orders-service listening");
-        let tasks: Vec<BackgroundTask> = self
-            .relay
-            .into_iter()
-            .map(|relay| -> BackgroundTask { Box::new(|stop| Box::pin(relay.run(stop))) })
-            .collect();
+        let cleanup = self.cleanup;
+        let mut tasks: Vec<BackgroundTask> = vec![Box::new(|stop| Box::pin(cleanup.run(stop)))];
+        if let Some(relay) = self.relay {
+            tasks.push(Box::new(|stop| Box::pin(relay.run(stop))));
+        }
         http::run_until_stopped(self.listener, self.router, self.pool, tasks, shutdown).await
     }
 }

@@ -12,6 +12,7 @@
 //! - [`relay`]: the background task that claims pending rows and publishes them;
 //! - [`publisher`]: the [`Publisher`] trait and its JetStream implementation, stream set-up;
 //! - [`inbox`]: at-most-once effects per consumer, stats, dead letters and cleanup;
+//! - [`cleanup`]: the background task that deletes finished rows after their retention;
 //! - [`backoff`]: exponential backoff with jitter for failed publishes;
 //! - [`migrate`]: the tables this crate needs, as sqlx migrators;
 //! - [`testing`]: a publisher that injects broker faults, for tests of code built on this crate.
@@ -20,6 +21,7 @@
 //! caller.
 
 pub mod backoff;
+pub mod cleanup;
 mod error;
 pub mod event;
 pub mod inbox;
@@ -30,6 +32,7 @@ pub mod relay;
 pub mod testing;
 
 pub use backoff::Backoff;
+pub use cleanup::Cleanup;
 pub use error::{Error, PublishError};
 pub use event::NewEvent;
 pub use inbox::{Inbox, InboxError, Outcome};
