@@ -122,6 +122,7 @@ impl Consumer {
 
     /// Decides, applies, and acknowledges one message.
     async fn handle(&self, message: jetstream::Message) {
+        let started = std::time::Instant::now();
         let deliveries = message.info().map_or(1, |info| info.delivered);
         let headers = message.headers.clone().unwrap_or_default();
         let span = tracing::info_span!(
@@ -162,6 +163,8 @@ impl Consumer {
                 }
             }
         };
+        metrics::histogram!("billing_message_handling_seconds")
+            .record(started.elapsed().as_secs_f64());
         // A lost ack only means a redelivery, which the inbox absorbs.
         if let Err(error) = message.ack_with(ack).await {
             tracing::warn!(error = %error, "acknowledgement failed");

@@ -19,6 +19,7 @@ use crate::consumer::{Verdict, headers_from_json};
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(stats))
+        .routes(routes!(metrics))
         .routes(routes!(list_dead))
         .routes(routes!(retry))
 }
@@ -28,6 +29,16 @@ pub fn router() -> OpenApiRouter<AppState> {
     responses((status = 200, description = "Current inbox counts", body = InboxStats)))]
 async fn stats(State(state): State<AppState>) -> Result<Json<InboxStats>, ApiError> {
     Ok(Json(state.rules.inbox().stats().await?))
+}
+
+/// Prometheus metrics: HTTP per route, inbox counters, handling latency, open dead letters.
+#[utoipa::path(get, path = "/metrics", tag = "operations", responses(
+    (status = 200, description = "Prometheus text format", body = String, content_type = "text/plain"),
+))]
+async fn metrics(State(state): State<AppState>) -> Result<String, ApiError> {
+    let current = state.rules.inbox().stats().await?;
+    metrics::gauge!("inbox_dead_letters_open").set(current.dead as f64);
+    Ok(service_kit::metrics::render())
 }
 
 /// Page parameters.

@@ -67,5 +67,39 @@ async fn an_order_becomes_exactly_one_invoice_and_a_repeated_post_is_safe() {
     assert_eq!(stats["processed"], 2, "OrderPlaced and OrderPaid: {stats}");
     let outbox = get_json(&client, format!("{}/outbox/stats", stack.orders.url)).await;
     assert_eq!(outbox["pending"], 0);
+
+    let orders_metrics = client
+        .get(format!("{}/metrics", stack.orders.url))
+        .send()
+        .await
+        .unwrap();
+    let orders_metrics = orders_metrics.text().await.unwrap();
+    for expected in [
+        "outbox_published_total",
+        "outbox_pending 0",
+        "outbox_commit_to_ack_seconds_bucket",
+        r#"http_server_requests_total{method="POST",route="/orders",status="201"}"#,
+    ] {
+        assert!(
+            orders_metrics.contains(expected),
+            "{expected} missing:\n{orders_metrics}"
+        );
+    }
+    let billing_metrics = client
+        .get(format!("{}/metrics", stack.billing.url))
+        .send()
+        .await
+        .unwrap();
+    let billing_metrics = billing_metrics.text().await.unwrap();
+    for expected in [
+        "inbox_processed_total",
+        "inbox_dead_letters_open 0",
+        "billing_message_handling_seconds_bucket",
+    ] {
+        assert!(
+            billing_metrics.contains(expected),
+            "{expected} missing:\n{billing_metrics}"
+        );
+    }
     stack.stop().await;
 }

@@ -20,6 +20,7 @@ use crate::AppState;
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(stats))
+        .routes(routes!(metrics))
         .routes(routes!(list_dead))
         .routes(routes!(retry))
         .routes(routes!(skip))
@@ -30,6 +31,19 @@ pub fn router() -> OpenApiRouter<AppState> {
     responses((status = 200, description = "Current outbox counts", body = OutboxStats)))]
 async fn stats(State(state): State<AppState>) -> Result<Json<OutboxStats>, ApiError> {
     Ok(Json(outbox::stats(&state.pool).await?))
+}
+
+/// Prometheus metrics: HTTP per route, relay counters and latency, and outbox gauges.
+#[utoipa::path(get, path = "/metrics", tag = "operations", responses(
+    (status = 200, description = "Prometheus text format", body = String, content_type = "text/plain"),
+))]
+async fn metrics(State(state): State<AppState>) -> Result<String, ApiError> {
+    let current = outbox::stats(&state.pool).await?;
+    metrics::gauge!("outbox_pending").set(current.pending as f64);
+    metrics::gauge!("outbox_dead").set(current.dead as f64);
+    metrics::gauge!("outbox_parked_aggregates").set(current.parked as f64);
+    metrics::gauge!("outbox_oldest_pending_seconds").set(current.oldest_pending_seconds);
+    Ok(service_kit::metrics::render())
 }
 
 /// Page parameters.

@@ -19,6 +19,11 @@
 //!
 //! The crate knows nothing about the events' meaning: payloads are JSON values chosen by the
 //! caller.
+//!
+//! Metrics go through the [`metrics`](https://docs.rs/metrics) facade, so the application picks
+//! the exporter: `outbox_published_total`, `outbox_publish_failures_total`, `outbox_dead_total`,
+//! `outbox_commit_to_ack_seconds` (histogram), `outbox_relay_batch_size` (histogram),
+//! `inbox_processed_total`, `inbox_duplicates_total`, `inbox_dead_letters_total`.
 
 pub mod backoff;
 pub mod cleanup;

@@ -158,7 +158,7 @@ impl<P: Publisher> Relay<P> {
             let results = self.publisher.publish(messages).await;
             for ((queue, row), result) in wave.into_iter().zip(results) {
                 match result {
-                    Ok(()) => published.push(row.seq),
+                    Ok(()) => published.push((row.seq, row.created_at)),
                     Err(error) => {
                         let attempts = row.attempts.unsigned_abs() + 1;
                         let delay = self.config.backoff.delay(attempts, &mut rand::rng());
@@ -174,7 +174,11 @@ impl<P: Publisher> Relay<P> {
             }
         }
 
-        storage::mark_published(&mut tx, &published).await?;
+        storage::mark_published(
+            &mut tx,
+            &published.iter().map(|(seq, _)| *seq).collect::<Vec<_>>(),
+        )
+        .await?;
         let dead = storage::mark_failed(
             &mut tx,
             &failed.seqs,
@@ -185,6 +189,15 @@ impl<P: Publisher> Relay<P> {
         .await?;
         tx.commit().await?;
 
+        let now = chrono::Utc::now();
+        for (_, created_at) in &published {
+            let latency = (now - *created_at).to_std().unwrap_or_default();
+            metrics::histogram!("outbox_commit_to_ack_seconds").record(latency.as_secs_f64());
+        }
+        metrics::counter!("outbox_published_total").increment(published.len() as u64);
+        metrics::counter!("outbox_publish_failures_total").increment(failed.seqs.len() as u64);
+        metrics::counter!("outbox_dead_total").increment(dead.len() as u64);
+        metrics::histogram!("outbox_relay_batch_size").record(report.claimed as f64);
         for seq in &dead {
             tracing::error!(outbox.seq = seq, "event is dead; its aggregate is parked");
         }

@@ -30,12 +30,14 @@ const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
 /// Adds `/openapi.json`, `/docs`, the problem+json fallbacks and the middleware stack.
 pub fn finish(router: OpenApiRouter) -> Router {
+    crate::metrics::handle();
     let (router, api) = router.split_for_parts();
     router
         .merge(SwaggerUi::new("/docs").url("/openapi.json", api))
         .fallback(problem::not_found)
         .method_not_allowed_fallback(problem::method_not_allowed)
         .layer(axum::middleware::map_response(log_failures))
+        .layer(axum::middleware::from_fn(crate::metrics::track_http))
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .layer(TraceLayer::new_for_http().make_span_with(request_span))
         .layer(PropagateRequestIdLayer::new(REQUEST_ID))

@@ -7,6 +7,7 @@
 //! - [`http`]: the middleware stack (request id, trace span, error logging), health and
 //!   readiness, `/openapi.json` and `/docs`, serving with graceful shutdown;
 //! - [`infra`]: database creation and connection, NATS connection, stream set-up;
+//! - [`metrics`]: the Prometheus recorder and per-route HTTP metrics;
 //! - [`pagination`]: opaque cursors for newest-first lists;
 //! - `testing` (feature `testing`): unique names and bounded waits for tests.
 
@@ -14,6 +15,7 @@ pub mod admin;
 pub mod config;
 pub mod http;
 pub mod infra;
+pub mod metrics;
 pub mod pagination;
 pub mod problem;
 pub mod telemetry;

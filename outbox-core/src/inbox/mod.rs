@@ -123,16 +123,20 @@ impl Inbox {
         if !storage::record(&mut tx, &self.consumer, message_id).await? {
             // Commits the duplicate counter.
             tx.commit().await?;
+            metrics::counter!("inbox_duplicates_total").increment(1);
             return Ok(Outcome::Duplicate);
         }
         let value = effect(&mut tx).await.map_err(InboxError::Effect)?;
         tx.commit().await?;
+        metrics::counter!("inbox_processed_total").increment(1);
         Ok(Outcome::Processed(value))
     }
 
     /// Keeps a message that cannot be parsed or applied, and returns the dead letter's id.
     pub async fn dead_letter(&self, letter: NewDeadLetter<'_>) -> Result<i64, Error> {
-        Ok(storage::insert_dead(&self.pool, &self.consumer, &letter).await?)
+        let id = storage::insert_dead(&self.pool, &self.consumer, &letter).await?;
+        metrics::counter!("inbox_dead_letters_total").increment(1);
+        Ok(id)
     }
 
     /// Lists dead letters not yet retried, after `after_id`, at most `limit`.

@@ -1,0 +1,60 @@
+//! Prometheus metrics: the process-wide recorder, per-route HTTP metrics, and rendering.
+
+use std::sync::OnceLock;
+use std::time::Instant;
+
+use axum::extract::{MatchedPath, Request};
+use axum::middleware::Next;
+use axum::response::Response;
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+
+/// Seconds: from 1 ms to 10 s.
+const LATENCY_BUCKETS: &[f64] = &[
+    0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0,
+];
+/// Rows per relay pass.
+const BATCH_BUCKETS: &[f64] = &[1.0, 5.0, 10.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 5000.0];
+
+/// The process's recorder, installed on first use.
+pub fn handle() -> &'static PrometheusHandle {
+    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+    HANDLE.get_or_init(|| {
+        let recorder = PrometheusBuilder::new()
+            .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), LATENCY_BUCKETS)
+            .and_then(|b| {
+                b.set_buckets_for_metric(Matcher::Suffix("_batch_size".into()), BATCH_BUCKETS)
+            })
+            .expect("bucket lists are not empty")
+            .build_recorder();
+        let handle = recorder.handle();
+        // Fails only if another recorder is installed; then ours simply records nothing.
+        let _ = metrics::set_global_recorder(recorder);
+        handle
+    })
+}
+
+/// Middleware: `http_server_requests_total` and `http_server_request_duration_seconds` per
+/// method, route template and status.
+pub async fn track_http(request: Request, next: Next) -> Response {
+    let started = Instant::now();
+    let method = request.method().to_string();
+    let route = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or_else(|| "unmatched".to_owned(), |p| p.as_str().to_owned());
+    let response = next.run(request).await;
+    let labels = [
+        ("method", method),
+        ("route", route),
+        ("status", response.status().as_u16().to_string()),
+    ];
+    metrics::counter!("http_server_requests_total", &labels).increment(1);
+    metrics::histogram!("http_server_request_duration_seconds", &labels)
+        .record(started.elapsed().as_secs_f64());
+    response
+}
+
+/// The Prometheus text exposition of every metric.
+pub fn render() -> String {
+    handle().render()
+}
