@@ -48,7 +48,7 @@ impl RelayConfig {
             source: source.into(),
             batch_size: 500,
             max_attempts: 10,
-            poll_interval: Duration::from_millis(100),
+            poll_interval: Duration::from_millis(500),
             backoff: Backoff::default(),
         }
     }
@@ -237,16 +237,17 @@ impl<P: Publisher> Relay<P> {
     }
 }
 
-/// Resolves when a commit was notified (or notifications may have been missed while the
-/// connection was re-established); never without a listener.
+/// Resolves when a commit was notified, or when notifications may have been missed (the
+/// connection was re-established, or failed and is dropped so the next loop listens anew);
+/// never without a listener.
 async fn notified(listener: &mut Option<PgListener>) {
     let Some(active) = listener else {
         return std::future::pending().await;
     };
     if let Err(error) = active.try_recv().await {
-        tracing::warn!(error = ?error, "commit listener failed; polling until it is back");
+        tracing::warn!(error = ?error, "commit listener failed; listening again shortly");
         *listener = None;
-        std::future::pending::<()>().await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
     }
 }
 

@@ -443,3 +443,47 @@ async fn one_failing_aggregate_does_not_stop_the_others(pool: PgPool) {
     assert_eq!(pending(&pool).await, 600);
     stream.delete().await;
 }
+
+/// The relay listens again after its listening connection is killed, so commits keep waking it
+/// with polling set to minutes.
+#[sqlx::test(migrations = false)]
+async fn relay_listens_again_after_losing_its_connection(pool: PgPool) {
+    migrate(&pool).await;
+    let stream = TestStream::new().await;
+    let mut config = stream.relay_config();
+    config.poll_interval = Duration::from_secs(600);
+    let stop = tokio_util::sync::CancellationToken::new();
+    let relay = Relay::new(pool.clone(), stream.publisher(), config);
+    let running = tokio::spawn(relay.run(stop.clone()));
+    let listener_pid = || async {
+        sqlx::query_scalar::<_, i32>(
+            "SELECT pid FROM pg_stat_activity WHERE query LIKE 'LISTEN%' AND datname = current_database()",
+        )
+        .fetch_optional(&pool)
+        .await
+        .unwrap()
+    };
+
+    let first = eventually("the relay to listen", Duration::from_secs(10), listener_pid).await;
+    sqlx::query("SELECT pg_terminate_backend($1)")
+        .bind(first)
+        .execute(&pool)
+        .await
+        .unwrap();
+    eventually(
+        "a new listening connection",
+        Duration::from_secs(20),
+        || async { listener_pid().await.filter(|pid| *pid != first) },
+    )
+    .await;
+    enqueue(&pool, "o1", "OrderPlaced", json!({})).await;
+    eventually(
+        "the event on the stream",
+        Duration::from_secs(10),
+        || async { (stream.contents().await.len() == 1).then_some(()) },
+    )
+    .await;
+    stop.cancel();
+    running.await.unwrap();
+    stream.delete().await;
+}
