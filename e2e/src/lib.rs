@@ -1,8 +1,17 @@
-//! The end-to-end harness: both services started in-process on port 0, each test with its
-//! own databases, stream and subject prefix.
+//! The end-to-end harness. Each test has its own databases, stream and subject prefix.
 //!
-//! - [`Stack`]: orders-service and billing-service on one stream, or billing alone;
-//! - [`RunningApp`]: one started service, its URL and its database.
+//! - [`Stack`] and [`RunningApp`]: both services started in-process on port 0;
+//! - [`cluster`]: the real binaries as processes with their own nats-server, for scenarios
+//!   that kill and restart them;
+//! - [`process`]: starting, killing and restarting those processes;
+//! - [`load`]: a steady load of orders whose outcome is always known in the end;
+//! - [`checker`]: lost, duplicated, unexpected, wrongly totalled and out-of-order, after a
+//!   scenario drained.
+
+pub mod checker;
+pub mod cluster;
+pub mod load;
+pub mod process;
 
 use std::time::Duration;
 

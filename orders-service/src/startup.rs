@@ -89,7 +89,7 @@ impl App {
         let relay = config.relay_enabled.then(|| {
             Relay::new(
                 pool.clone(),
-                JetStreamPublisher::new(jetstream),
+                JetStreamPublisher::new(jetstream).with_timeout(config.publish_timeout),
                 config.relay.clone(),
             )
         });

@@ -37,10 +37,16 @@ pub trait Publisher: Send + Sync {
 }
 
 /// Publishes to JetStream with pipelined acknowledgements.
+///
+/// Messages are sent in windows; the acknowledgements of a window are awaited together, so a
+/// window takes at most about two publish timeouts (sending, then acknowledgements) however
+/// many messages it holds. While the client is disconnected, publishes fail at once instead of
+/// piling up in the client's buffer.
 #[derive(Debug, Clone)]
 pub struct JetStreamPublisher {
     context: jetstream::Context,
     window: usize,
+    timeout: Duration,
 }
 
 impl JetStreamPublisher {
@@ -48,11 +54,13 @@ impl JetStreamPublisher {
     /// async-nats' default limit of 5000 unacknowledged publishes.
     pub const DEFAULT_WINDOW: usize = 4096;
 
-    /// A publisher over a JetStream context.
+    /// A publisher over a JetStream context. Give the context the same timeout as
+    /// [`JetStreamPublisher::with_timeout`] (default 5 s): it bounds each acknowledgement.
     pub fn new(context: jetstream::Context) -> Self {
         Self {
             context,
             window: Self::DEFAULT_WINDOW,
+            timeout: Duration::from_secs(5),
         }
     }
 
@@ -62,37 +70,60 @@ impl JetStreamPublisher {
         self.window = window.max(1);
         self
     }
+
+    /// Sets the time allowed for sending one window.
+    #[must_use]
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Sends one window and awaits its acknowledgements together.
+    async fn publish_window(&self, window: Vec<Message>) -> Vec<Result<(), PublishError>> {
+        let deadline = tokio::time::Instant::now() + self.timeout;
+        let mut sent: Vec<Result<PublishAckFuture, PublishError>> =
+            Vec::with_capacity(window.len());
+        for message in window {
+            let mut headers = message.headers;
+            headers.insert(
+                async_nats::header::NATS_MESSAGE_ID,
+                message.id.to_string().as_str(),
+            );
+            let publish = jetstream::message::PublishMessage::build()
+                .headers(headers)
+                .payload(message.payload);
+            let sending = self.context.send_publish(message.subject, publish);
+            sent.push(match tokio::time::timeout_at(deadline, sending).await {
+                Ok(Ok(ack)) => Ok(ack),
+                Ok(Err(error)) => Err(PublishError::NotAccepted(Box::new(error))),
+                Err(_) => Err(PublishError::NotAccepted(
+                    "publish timeout before sending".into(),
+                )),
+            });
+        }
+        futures::future::join_all(sent.into_iter().map(|sent| async move {
+            match sent {
+                Ok(ack) => ack.await.map(drop).map_err(classify_ack_error),
+                Err(error) => Err(error),
+            }
+        }))
+        .await
+    }
 }
 
 impl Publisher for JetStreamPublisher {
     async fn publish(&self, messages: Vec<Message>) -> Vec<Result<(), PublishError>> {
+        if self.context.client().connection_state() != async_nats::connection::State::Connected {
+            return messages
+                .iter()
+                .map(|_| Err(PublishError::NotAccepted("not connected to NATS".into())))
+                .collect();
+        }
         let mut results = Vec::with_capacity(messages.len());
         let mut messages = messages.into_iter().peekable();
         while messages.peek().is_some() {
-            let mut pending: Vec<Result<PublishAckFuture, PublishError>> =
-                Vec::with_capacity(self.window);
-            for message in messages.by_ref().take(self.window) {
-                let mut headers = message.headers;
-                headers.insert(
-                    async_nats::header::NATS_MESSAGE_ID,
-                    message.id.to_string().as_str(),
-                );
-                let publish = jetstream::message::PublishMessage::build()
-                    .headers(headers)
-                    .payload(message.payload);
-                pending.push(
-                    self.context
-                        .send_publish(message.subject, publish)
-                        .await
-                        .map_err(|e| PublishError::NotAccepted(Box::new(e))),
-                );
-            }
-            for sent in pending {
-                results.push(match sent {
-                    Ok(ack) => ack.await.map(drop).map_err(classify_ack_error),
-                    Err(e) => Err(e),
-                });
-            }
+            let window: Vec<Message> = messages.by_ref().take(self.window).collect();
+            results.extend(self.publish_window(window).await);
         }
         results
     }

@@ -1,0 +1,211 @@
+//! The checker run after every scenario once the system has drained: it compares what the
+//! clients were told with the orders database, the stream and the billing database.
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use service_kit::testing::eventually;
+use sqlx::PgPool;
+
+use crate::load::Ledger;
+
+/// Everything the checker counted. A correct run has every counter but the totals at 0.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Report {
+    /// Orders the clients were told were accepted.
+    pub accepted: usize,
+    /// Invoices in billing.
+    pub invoices: usize,
+    /// Accepted orders without an order row or without an invoice.
+    pub lost: usize,
+    /// Orders with more than one invoice.
+    pub duplicates: usize,
+    /// Orders, invoices or events for orders never accepted.
+    pub unexpected: usize,
+    /// Invoices whose total differs from the order's.
+    pub wrong_totals: usize,
+    /// Invoices whose status disagrees with the order's (paid iff the order was paid).
+    pub wrong_status: usize,
+    /// Orders whose events reached the stream out of order.
+    pub order_violations: usize,
+    /// Messages in the stream with a `ce-id` seen before (the broker should have dropped them).
+    pub stream_duplicates: usize,
+    /// Outbox rows still pending, and dead ones.
+    pub pending: i64,
+    /// Dead outbox rows plus open dead letters.
+    pub dead: i64,
+}
+
+impl Report {
+    /// Panics with the whole report unless every invariant held.
+    pub fn assert_clean(&self) {
+        let clean = Report {
+            accepted: self.accepted,
+            invoices: self.invoices,
+            ..Report::default()
+        };
+        assert_eq!(self, &clean, "the checker found violations");
+        assert!(self.accepted > 0, "the load placed no order");
+    }
+}
+
+/// Where the checker looks.
+#[derive(Debug)]
+pub struct Sources<'a> {
+    /// orders-service's database.
+    pub orders: &'a PgPool,
+    /// billing-service's database.
+    pub billing: &'a PgPool,
+    /// The NATS server holding the stream.
+    pub nats_url: String,
+    /// The stream.
+    pub stream: &'a str,
+}
+
+/// Waits (bounded) until everything committed was relayed and invoiced, then checks.
+pub async fn check(sources: &Sources<'_>, ledger: &Ledger) -> Report {
+    drain(sources).await;
+    let accepted = ledger.accepted();
+    let mut report = Report {
+        accepted: accepted.len(),
+        ..Report::default()
+    };
+
+    let orders: HashMap<String, (i64, String)> =
+        sqlx::query_as::<_, (String, i64, String)>("SELECT id, total_minor, status FROM orders")
+            .fetch_all(sources.orders)
+            .await
+            .expect("orders")
+            .into_iter()
+            .map(|(id, total, status)| (id, (total, status)))
+            .collect();
+    let invoices: Vec<(String, i64, String)> =
+        sqlx::query_as("SELECT order_id, total_minor, status FROM invoices")
+            .fetch_all(sources.billing)
+            .await
+            .expect("invoices");
+    report.invoices = invoices.len();
+    let mut per_order: HashMap<&str, Vec<(i64, &str)>> = HashMap::new();
+    for (order_id, total, status) in &invoices {
+        per_order
+            .entry(order_id)
+            .or_default()
+            .push((*total, status));
+    }
+
+    for (id, total) in &accepted {
+        let (Some((order_total, order_status)), Some(found)) =
+            (orders.get(id), per_order.get(id.as_str()))
+        else {
+            report.lost += 1;
+            continue;
+        };
+        if found.len() > 1 {
+            report.duplicates += 1;
+        }
+        let (invoice_total, invoice_status) = found[0];
+        if invoice_total != *total || order_total != total {
+            report.wrong_totals += 1;
+        }
+        let paid = matches!(order_status.as_str(), "paid" | "shipped");
+        if paid != (invoice_status == "paid") {
+            report.wrong_status += 1;
+        }
+    }
+    report.unexpected = orders
+        .keys()
+        .filter(|id| !accepted.contains_key(*id))
+        .count()
+        + per_order
+            .keys()
+            .filter(|id| !accepted.contains_key(**id))
+            .count();
+
+    let (violations, duplicates, strangers) = check_stream(sources, &accepted).await;
+    report.order_violations = violations;
+    report.stream_duplicates = duplicates;
+    report.unexpected += strangers;
+
+    let (pending, dead): (i64, i64) = sqlx::query_as(
+        "SELECT count(*) FILTER (WHERE status = 'pending'), count(*) FILTER (WHERE status = 'dead') FROM outbox",
+    )
+    .fetch_one(sources.orders)
+    .await
+    .expect("outbox counts");
+    let open_letters: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM inbox_dead WHERE retried_at IS NULL")
+            .fetch_one(sources.billing)
+            .await
+            .expect("dead letters");
+    report.pending = pending;
+    report.dead = dead + open_letters;
+    report
+}
+
+/// Waits until the outbox is empty and billing reflects every order.
+async fn drain(sources: &Sources<'_>) {
+    eventually("the system to drain", Duration::from_secs(120), || async {
+        let (pending, orders, paid): (i64, i64, i64) = sqlx::query_as(
+            "SELECT (SELECT count(*) FROM outbox WHERE status = 'pending'), \
+                    (SELECT count(*) FROM orders), \
+                    (SELECT count(*) FROM orders WHERE status IN ('paid', 'shipped'))",
+        )
+        .fetch_one(sources.orders)
+        .await
+        .ok()?;
+        let (invoices, paid_invoices): (i64, i64) = sqlx::query_as(
+            "SELECT count(*), count(*) FILTER (WHERE status = 'paid') FROM invoices",
+        )
+        .fetch_one(sources.billing)
+        .await
+        .ok()?;
+        (pending == 0 && invoices == orders && paid_invoices == paid).then_some(())
+    })
+    .await;
+}
+
+/// Per-order event order on the stream, repeated `ce-id`s, and events of unknown orders.
+async fn check_stream(
+    sources: &Sources<'_>,
+    accepted: &HashMap<String, i64>,
+) -> (usize, usize, usize) {
+    const LIFECYCLE: [&str; 3] = ["OrderPlaced", "OrderPaid", "OrderShipped"];
+    let client = async_nats::connect(&sources.nats_url).await.expect("NATS");
+    let stream = async_nats::jetstream::new(client)
+        .get_stream(sources.stream)
+        .await
+        .expect("stream");
+    let state = stream.get_info().await.expect("stream info").state;
+    let mut seen = HashSet::new();
+    let mut events: HashMap<String, Vec<String>> = HashMap::new();
+    let mut duplicates = 0;
+    for seq in state.first_sequence..=state.last_sequence {
+        let message = stream.get_raw_message(seq).await.expect("message");
+        let header = |name: &str| {
+            message
+                .headers
+                .get(name)
+                .map(|v| v.as_str().to_owned())
+                .unwrap_or_default()
+        };
+        if !seen.insert(header("ce-id")) {
+            duplicates += 1;
+            continue;
+        }
+        events
+            .entry(header("ce-subject"))
+            .or_default()
+            .push(header("ce-type"));
+    }
+    let violations = events
+        .values()
+        .filter(|types| {
+            types.len() > LIFECYCLE.len() || types.iter().zip(LIFECYCLE).any(|(t, e)| t != e)
+        })
+        .count();
+    let strangers = events
+        .keys()
+        .filter(|id| !accepted.contains_key(*id))
+        .count();
+    (violations, duplicates, strangers)
+}

@@ -1,0 +1,166 @@
+//! The system as separate processes: its own nats-server, the service binaries, and the
+//! databases and stream of one test.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use service_kit::testing::{self, eventually};
+use sqlx::PgPool;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::Names;
+use crate::checker::{self, Report, Sources};
+use crate::load::{Ledger, Load};
+use crate::process::{Kind, NatsServer, Service};
+
+/// nats-server, orders-service and billing-service instances of one scenario.
+#[derive(Debug)]
+pub struct Cluster {
+    /// Databases, stream and prefix.
+    pub names: Names,
+    /// Logs and the NATS store live here.
+    pub dir: PathBuf,
+    /// The scenario's own nats-server.
+    pub nats: NatsServer,
+    /// orders-service instances.
+    pub orders: Vec<Service>,
+    /// billing-service instances.
+    pub billing: Vec<Service>,
+    orders_pool: PgPool,
+    billing_pool: PgPool,
+}
+
+impl Cluster {
+    /// Starts nats-server, then `orders` orders-service and `billing` billing-service
+    /// processes.
+    pub async fn start(orders: usize, billing: usize) -> Self {
+        let names = Names::unique();
+        let dir = std::env::temp_dir().join(testing::unique("e2e"));
+        std::fs::create_dir_all(&dir).expect("scenario dir");
+        let nats = NatsServer::start(&dir).await;
+        let mut cluster = Self {
+            orders_pool: PgPool::connect_lazy(&testing::database_url(&names.orders_db))
+                .expect("url"),
+            billing_pool: PgPool::connect_lazy(&testing::database_url(&names.billing_db))
+                .expect("url"),
+            names,
+            dir,
+            nats,
+            orders: Vec::new(),
+            billing: Vec::new(),
+        };
+        for _ in 0..orders {
+            let service =
+                Service::start(Kind::Orders, cluster.env(Kind::Orders), &cluster.dir).await;
+            cluster.orders.push(service);
+        }
+        for _ in 0..billing {
+            let service =
+                Service::start(Kind::Billing, cluster.env(Kind::Billing), &cluster.dir).await;
+            cluster.billing.push(service);
+        }
+        cluster
+    }
+
+    /// The environment of a service process in this cluster.
+    fn env(&self, kind: Kind) -> Vec<(String, String)> {
+        let database = match kind {
+            Kind::Orders => &self.names.orders_db,
+            Kind::Billing => &self.names.billing_db,
+        };
+        let mut env = vec![
+            ("DATABASE_URL", testing::database_url(database)),
+            ("NATS_URL", self.nats.url()),
+            ("NATS_STREAM", self.names.stream.clone()),
+            ("NATS_SUBJECT_PREFIX", self.names.prefix.clone()),
+        ];
+        match kind {
+            Kind::Orders => env.extend([
+                ("RELAY_POLL_INTERVAL_MS", "200".to_owned()),
+                ("RELAY_BACKOFF_BASE_MS", "50".to_owned()),
+                ("RELAY_BACKOFF_MAX_MS", "1000".to_owned()),
+                ("RELAY_MAX_ATTEMPTS", "10000".to_owned()),
+                ("NATS_PUBLISH_TIMEOUT_MS", "2000".to_owned()),
+            ]),
+            Kind::Billing => env.extend([
+                ("CONSUMER_ACK_WAIT_MS", "2000".to_owned()),
+                ("CONSUMER_RETRY_DELAY_MS", "100".to_owned()),
+            ]),
+        }
+        env.into_iter().map(|(k, v)| (k.to_owned(), v)).collect()
+    }
+
+    /// Starts a steady load against every orders-service instance.
+    pub fn load(&self, workers: usize, hostile: bool) -> RunningLoad {
+        let ledger = Arc::new(Ledger::default());
+        let stop = CancellationToken::new();
+        let load = Load {
+            orders: self.orders.iter().map(|s| s.url.clone()).collect(),
+            workers,
+            hostile,
+            run: testing::unique("o"),
+        };
+        let task = tokio::spawn(load.run(ledger.clone(), stop.clone()));
+        RunningLoad { ledger, stop, task }
+    }
+
+    /// Waits until the system drained, then runs the checker.
+    pub async fn check(&self, ledger: &Ledger) -> Report {
+        let sources = Sources {
+            orders: &self.orders_pool,
+            billing: &self.billing_pool,
+            nats_url: self.nats.url(),
+            stream: &self.names.stream,
+        };
+        checker::check(&sources, ledger).await
+    }
+
+    /// The orders database, for scenario-specific checks and set-ups.
+    pub fn orders_pool(&self) -> &PgPool {
+        &self.orders_pool
+    }
+
+    /// Kills every process and removes the databases and files. Logs stay when `keep_logs`.
+    pub async fn stop(mut self) {
+        for service in self.orders.iter_mut().chain(self.billing.iter_mut()) {
+            service.kill().await;
+        }
+        self.nats.kill().await;
+        self.orders_pool.close().await;
+        self.billing_pool.close().await;
+        testing::drop_database(&self.names.orders_db).await;
+        testing::drop_database(&self.names.billing_db).await;
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A load in progress.
+#[derive(Debug)]
+pub struct RunningLoad {
+    /// What the clients were told so far.
+    pub ledger: Arc<Ledger>,
+    stop: CancellationToken,
+    task: JoinHandle<()>,
+}
+
+impl RunningLoad {
+    /// Waits until `more` further orders were accepted since this call.
+    pub async fn progress(&self, more: usize) {
+        let target = self.ledger.count() + more;
+        eventually(
+            &format!("{more} more accepted orders"),
+            Duration::from_secs(120),
+            || async { (self.ledger.count() >= target).then_some(()) },
+        )
+        .await;
+    }
+
+    /// Stops the clients (each finishes its order in hand) and returns the ledger.
+    pub async fn finish(self) -> Arc<Ledger> {
+        self.stop.cancel();
+        self.task.await.expect("load");
+        self.ledger
+    }
+}

@@ -1,0 +1,238 @@
+//! Real processes: the service binaries and nats-server, each on its own port, killed and
+//! restarted by the scenarios.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use service_kit::testing::{self, eventually};
+use tokio::process::{Child, Command};
+
+/// A free TCP port on loopback (bound and released; the race is harmless in tests).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+/// The directory holding the workspace's binaries: next to this test's `deps/` folder.
+fn bin_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable");
+    let deps = exe.parent().expect("deps dir");
+    deps.parent().expect("profile dir").to_path_buf()
+}
+
+/// Builds the service binaries once per test process (a no-op when up to date).
+pub fn binary(name: &str) -> PathBuf {
+    static BUILT: OnceLock<()> = OnceLock::new();
+    BUILT.get_or_init(|| {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let status = std::process::Command::new(cargo)
+            .args([
+                "build",
+                "--bins",
+                "-p",
+                "orders-service",
+                "-p",
+                "billing-service",
+            ])
+            .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+            .status()
+            .expect("cargo runs");
+        assert!(status.success(), "building the service binaries failed");
+    });
+    bin_dir().join(name)
+}
+
+/// A nats-server with JetStream on its own port and store directory.
+#[derive(Debug)]
+pub struct NatsServer {
+    /// Its port.
+    pub port: u16,
+    store: PathBuf,
+    child: Option<Child>,
+}
+
+impl NatsServer {
+    /// Starts a server in a fresh store directory under `dir`.
+    pub async fn start(dir: &Path) -> Self {
+        let store = dir.join(format!("nats-{}", testing::unique("store")));
+        std::fs::create_dir_all(&store).expect("store dir");
+        let mut server = Self {
+            port: free_port(),
+            store,
+            child: None,
+        };
+        server.restart().await;
+        server
+    }
+
+    /// `nats://127.0.0.1:{port}`.
+    pub fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    /// Starts the server again on the same port and store.
+    pub async fn restart(&mut self) {
+        let server = [
+            "/usr/sbin/nats-server",
+            "/usr/local/bin/nats-server",
+            "nats-server",
+        ]
+        .into_iter()
+        .find(|p| !p.starts_with('/') || Path::new(p).exists())
+        .unwrap_or("nats-server");
+        let child = Command::new(server)
+            .args([
+                "-a",
+                "127.0.0.1",
+                "-p",
+                &self.port.to_string(),
+                "-js",
+                "-sd",
+            ])
+            .arg(&self.store)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("nats-server starts");
+        self.child = Some(child);
+        let url = self.url();
+        eventually(
+            "nats-server to accept connections",
+            Duration::from_secs(20),
+            || {
+                let url = url.clone();
+                async move { async_nats::connect(url).await.ok().map(drop) }
+            },
+        )
+        .await;
+    }
+
+    /// SIGKILL, and waits until it is gone.
+    pub async fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            child.kill().await.expect("kill nats-server");
+        }
+    }
+}
+
+impl Drop for NatsServer {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.store);
+    }
+}
+
+/// Which service a [`Service`] runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// orders-service (with its relay).
+    Orders,
+    /// billing-service.
+    Billing,
+}
+
+/// A service binary running as its own process.
+#[derive(Debug)]
+pub struct Service {
+    /// Which binary.
+    pub kind: Kind,
+    /// `http://127.0.0.1:{port}`.
+    pub url: String,
+    env: Vec<(String, String)>,
+    log: PathBuf,
+    child: Option<Child>,
+}
+
+impl Service {
+    /// Starts `kind` with `env` (on a fresh port) and waits until it is ready.
+    pub async fn start(kind: Kind, mut env: Vec<(String, String)>, log_dir: &Path) -> Self {
+        let port = free_port();
+        env.push(("LISTEN_ADDR".into(), format!("127.0.0.1:{port}")));
+        let name = match kind {
+            Kind::Orders => "orders-service",
+            Kind::Billing => "billing-service",
+        };
+        let log = log_dir.join(format!("{name}-{port}.log"));
+        let mut service = Self {
+            kind,
+            url: format!("http://127.0.0.1:{port}"),
+            env,
+            log,
+            child: None,
+        };
+        service.restart().await;
+        service
+    }
+
+    /// Starts the process again with the same settings and waits until it is ready.
+    pub async fn restart(&mut self) {
+        let name = match self.kind {
+            Kind::Orders => "orders-service",
+            Kind::Billing => "billing-service",
+        };
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .expect("log file");
+        let child = Command::new(binary(name))
+            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .env("LOG_FORMAT", "json")
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::from(log.try_clone().expect("log file")))
+            .stderr(Stdio::from(log))
+            .kill_on_drop(true)
+            .spawn()
+            .expect("service starts");
+        self.child = Some(child);
+        let ready = format!("{}/readyz", self.url);
+        let client = reqwest::Client::new();
+        eventually(
+            &format!("{name} to be ready"),
+            Duration::from_secs(30),
+            || {
+                let request = client.get(&ready).send();
+                async move {
+                    request
+                        .await
+                        .ok()
+                        .filter(|r| r.status().is_success())
+                        .map(drop)
+                }
+            },
+        )
+        .await;
+    }
+
+    /// SIGKILL: no shutdown, no flush, whatever is in flight is lost.
+    pub async fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            child.kill().await.expect("kill service");
+        }
+    }
+
+    /// SIGTERM, then waits (bounded) for a clean exit.
+    pub async fn terminate(&mut self) -> std::process::ExitStatus {
+        let mut child = self.child.take().expect("running");
+        let pid = child.id().expect("pid").to_string();
+        let sent = Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .await
+            .expect("kill runs");
+        assert!(sent.success());
+        tokio::time::timeout(Duration::from_secs(30), child.wait())
+            .await
+            .expect("exits within 30 s after SIGTERM")
+            .expect("exit status")
+    }
+
+    /// The process's log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
