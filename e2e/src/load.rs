@@ -26,6 +26,14 @@ impl Ledger {
         self.accepted.lock().expect("ledger").clone()
     }
 
+    /// Records an order placed outside the load (by a scenario itself).
+    pub fn accept(&self, id: &str, total: i64) {
+        self.accepted
+            .lock()
+            .expect("ledger")
+            .insert(id.to_owned(), total);
+    }
+
     /// How many orders were accepted so far.
     pub fn count(&self) -> usize {
         self.accepted.lock().expect("ledger").len()

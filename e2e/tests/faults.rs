@@ -4,6 +4,8 @@
 use std::time::Duration;
 
 use e2e::cluster::Cluster;
+use outbox_core::NewEvent;
+use serde_json::json;
 use service_kit::testing::eventually;
 
 /// Orders accepted between two faults.
@@ -86,6 +88,77 @@ async fn two_of_each_with_kills() {
     cluster.orders[1].restart().await;
     cluster.billing[0].restart().await;
     load.progress(STEP).await;
+    let ledger = load.finish().await;
+    cluster.check(&ledger).await.assert_clean();
+    cluster.stop().await;
+}
+
+/// A transaction takes its outbox position early and commits late, after many later events
+/// were published: its event is still published (the relay keeps no high-water mark).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn late_commit_is_still_published() {
+    let cluster = Cluster::start(1, 1).await;
+    let load = cluster.load(4, false);
+    load.progress(STEP / 3).await;
+
+    let mut tx = cluster.orders_pool().begin().await.unwrap();
+    sqlx::query("INSERT INTO orders (id, customer, total_minor) VALUES ('late-1', 'late', 4242)")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    let payload =
+        json!({"orderId": "late-1", "customer": "late", "totalMinor": 4242, "status": "placed"});
+    let event = NewEvent::new("order", "late-1", "OrderPlaced", &payload).unwrap();
+    outbox_core::enqueue(&mut tx, &event).await.unwrap();
+    load.progress(STEP).await;
+    tx.commit().await.unwrap();
+    load.ledger.accept("late-1", 4242);
+
+    load.progress(STEP / 3).await;
+    let ledger = load.finish().await;
+    cluster.check(&ledger).await.assert_clean();
+    cluster.stop().await;
+}
+
+/// A session sits idle in a transaction holding a snapshot and a lock on a pending outbox row:
+/// the relay skips that row while it is locked, and publishes it once the session ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_session_in_a_transaction_makes_the_relay_skip_nothing() {
+    let cluster = Cluster::start(1, 1).await;
+    let load = cluster.load(4, false);
+    load.progress(STEP / 3).await;
+
+    // The session locks the newest event the moment it exists, before the relay can publish it.
+    let mut tx = cluster.orders_pool().begin().await.unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let locked: i64 = loop {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no pending event to lock in 30 s"
+        );
+        let row: Option<i64> = sqlx::query_scalar(
+            "SELECT seq FROM outbox WHERE status = 'pending' ORDER BY seq DESC LIMIT 1 FOR UPDATE SKIP LOCKED",
+        )
+        .fetch_optional(&mut *tx)
+        .await
+        .unwrap();
+        if let Some(seq) = row {
+            break seq;
+        }
+    };
+    load.progress(STEP).await;
+    let status: String = sqlx::query_scalar("SELECT status FROM outbox WHERE seq = $1")
+        .bind(locked)
+        .fetch_one(cluster.orders_pool())
+        .await
+        .unwrap();
+    assert_eq!(
+        status, "pending",
+        "the relay must not touch a row another session holds"
+    );
+    tx.rollback().await.unwrap();
+
+    load.progress(STEP / 3).await;
     let ledger = load.finish().await;
     cluster.check(&ledger).await.assert_clean();
     cluster.stop().await;
