@@ -198,7 +198,11 @@ impl Rules {
             .process(id, move |conn| Box::pin(invoices::apply(conn, change)))
             .await;
         match outcome {
-            Ok(Outcome::Processed(())) => Verdict::Ack,
+            Ok(Outcome::Processed(())) => {
+                #[cfg(feature = "failpoints")]
+                crate::failpoints::after_commit();
+                Verdict::Ack
+            }
             Ok(Outcome::Duplicate) => {
                 tracing::info!("duplicate delivery ignored");
                 Verdict::Ack

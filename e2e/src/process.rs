@@ -17,17 +17,16 @@ pub fn free_port() -> u16 {
         .expect("a free port")
 }
 
-/// The directory holding the workspace's binaries: next to this test's `deps/` folder.
-fn bin_dir() -> PathBuf {
-    let exe = std::env::current_exe().expect("test executable");
-    let deps = exe.parent().expect("deps dir");
-    deps.parent().expect("profile dir").to_path_buf()
-}
-
-/// Builds the service binaries once per test process (a no-op when up to date).
+/// Builds the service binaries once per test process, with billing-service's test-only
+/// failpoints, into a target directory of their own (so the workspace's build is untouched),
+/// and returns the path of `name`.
 pub fn binary(name: &str) -> PathBuf {
-    static BUILT: OnceLock<()> = OnceLock::new();
-    BUILT.get_or_init(|| {
+    static BIN_DIR: OnceLock<PathBuf> = OnceLock::new();
+    let dir = BIN_DIR.get_or_init(|| {
+        let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let target = std::env::var_os("CARGO_TARGET_DIR")
+            .map_or_else(|| workspace.join("target"), PathBuf::from)
+            .join("e2e-bins");
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         let status = std::process::Command::new(cargo)
             .args([
@@ -38,12 +37,15 @@ pub fn binary(name: &str) -> PathBuf {
                 "-p",
                 "billing-service",
             ])
-            .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+            .args(["--features", "billing-service/failpoints", "--target-dir"])
+            .arg(&target)
+            .current_dir(&workspace)
             .status()
             .expect("cargo runs");
         assert!(status.success(), "building the service binaries failed");
+        target.join("debug")
     });
-    bin_dir().join(name)
+    dir.join(name)
 }
 
 /// A nats-server with JetStream on its own port and store directory.
@@ -206,6 +208,23 @@ impl Service {
             },
         )
         .await;
+    }
+
+    /// Sets (or, with `None`, removes) an environment variable for the next start.
+    pub fn set_env(&mut self, name: &str, value: Option<&str>) {
+        self.env.retain(|(k, _)| k != name);
+        if let Some(value) = value {
+            self.env.push((name.to_owned(), value.to_owned()));
+        }
+    }
+
+    /// Waits (bounded) until the process exits by itself.
+    pub async fn exited(&mut self) -> std::process::ExitStatus {
+        let mut child = self.child.take().expect("running");
+        tokio::time::timeout(Duration::from_secs(60), child.wait())
+            .await
+            .expect("the process exits within 60 s")
+            .expect("exit status")
     }
 
     /// SIGKILL: no shutdown, no flush, whatever is in flight is lost.

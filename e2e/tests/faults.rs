@@ -163,3 +163,34 @@ async fn idle_session_in_a_transaction_makes_the_relay_skip_nothing() {
     cluster.check(&ledger).await.assert_clean();
     cluster.stop().await;
 }
+
+/// billing-service dies after its transaction committed and before the ack (a failpoint): the
+/// message is delivered again, found in the inbox, and applied only once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn billing_killed_after_commit_before_ack() {
+    let mut cluster = Cluster::start(1, 1).await;
+    let load = cluster.load(4, false);
+    load.progress(STEP / 3).await;
+    cluster.billing[0].set_env("FAILPOINT_CRASH_AFTER_COMMITS", Some("50"));
+    cluster.billing[0].kill().await;
+    cluster.billing[0].restart().await;
+    let status = cluster.billing[0].exited().await;
+    assert!(!status.success(), "billing aborted at the failpoint");
+    cluster.billing[0].set_env("FAILPOINT_CRASH_AFTER_COMMITS", None);
+    cluster.billing[0].restart().await;
+    load.progress(STEP).await;
+    let ledger = load.finish().await;
+    cluster.check(&ledger).await.assert_clean();
+
+    let stats: serde_json::Value = reqwest::get(format!("{}/inbox/stats", cluster.billing[0].url))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(
+        stats["duplicate"].as_i64().unwrap() >= 1,
+        "the unacked message came back: {stats}"
+    );
+    cluster.stop().await;
+}
