@@ -174,8 +174,8 @@ async fn billing_killed_after_commit_before_ack() {
     cluster.billing[0].set_env("FAILPOINT_CRASH_AFTER_COMMITS", Some("50"));
     cluster.billing[0].kill().await;
     cluster.billing[0].restart().await;
-    let status = cluster.billing[0].exited().await;
-    assert!(!status.success(), "billing aborted at the failpoint");
+    let exit = cluster.billing[0].exited().await;
+    assert!(!exit.success(), "billing aborted at the failpoint");
     cluster.billing[0].set_env("FAILPOINT_CRASH_AFTER_COMMITS", None);
     cluster.billing[0].restart().await;
     load.progress(STEP).await;
