@@ -14,6 +14,7 @@ use crate::Names;
 use crate::checker::{self, Report, Sources};
 use crate::load::{Ledger, Load};
 use crate::process::{Kind, NatsServer, Service};
+use crate::proxy::Proxy;
 
 /// nats-server, orders-service and billing-service instances of one scenario.
 #[derive(Debug)]
@@ -28,6 +29,8 @@ pub struct Cluster {
     pub orders: Vec<Service>,
     /// billing-service instances.
     pub billing: Vec<Service>,
+    /// Between orders-service and nats-server, when started with one.
+    pub proxy: Option<Proxy>,
     orders_pool: PgPool,
     billing_pool: PgPool,
 }
@@ -36,11 +39,23 @@ impl Cluster {
     /// Starts nats-server, then `orders` orders-service and `billing` billing-service
     /// processes.
     pub async fn start(orders: usize, billing: usize) -> Self {
+        Self::start_with(orders, billing, false).await
+    }
+
+    /// Like [`Cluster::start`]; with `proxied`, orders-service reaches NATS through a
+    /// [`Proxy`] that can lose the broker's replies.
+    pub async fn start_with(orders: usize, billing: usize, proxied: bool) -> Self {
         let names = Names::unique();
         let dir = std::env::temp_dir().join(testing::unique("e2e"));
         std::fs::create_dir_all(&dir).expect("scenario dir");
         let nats = NatsServer::start(&dir).await;
+        let proxy = if proxied {
+            Some(Proxy::start(nats.port).await)
+        } else {
+            None
+        };
         let mut cluster = Self {
+            proxy,
             orders_pool: PgPool::connect_lazy(&testing::database_url(&names.orders_db))
                 .expect("url"),
             billing_pool: PgPool::connect_lazy(&testing::database_url(&names.billing_db))
@@ -52,8 +67,12 @@ impl Cluster {
             billing: Vec::new(),
         };
         for _ in 0..orders {
-            let service =
-                Service::start(Kind::Orders, cluster.env(Kind::Orders), &cluster.dir).await;
+            let mut env = cluster.env(Kind::Orders);
+            if let Some(proxy) = &cluster.proxy {
+                env.retain(|(k, _)| k != "NATS_URL");
+                env.push(("NATS_URL".into(), proxy.url()));
+            }
+            let service = Service::start(Kind::Orders, env, &cluster.dir).await;
             cluster.orders.push(service);
         }
         for _ in 0..billing {

@@ -4,6 +4,7 @@
 //! - [`cluster`]: the real binaries as processes with their own nats-server, for scenarios
 //!   that kill and restart them;
 //! - [`process`]: starting, killing and restarting those processes;
+//! - [`proxy`]: a TCP proxy that loses the broker's replies (lost PubAcks);
 //! - [`load`]: a steady load of orders whose outcome is always known in the end;
 //! - [`checker`]: lost, duplicated, unexpected, wrongly totalled and out-of-order, after a
 //!   scenario drained.
@@ -12,6 +13,7 @@ pub mod checker;
 pub mod cluster;
 pub mod load;
 pub mod process;
+pub mod proxy;
 
 use std::time::Duration;
 

@@ -194,3 +194,34 @@ async fn billing_killed_after_commit_before_ack() {
     );
     cluster.stop().await;
 }
+
+/// Lost PubAcks: a proxy between the relay and NATS swallows the server's replies for a while.
+/// The broker stored the messages; the relay, never acknowledged, publishes them again, and the
+/// broker drops the copies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_pub_acks() {
+    let cluster = Cluster::start_with(1, 1, true).await;
+    let load = cluster.load(4, false);
+    load.progress(STEP / 3).await;
+    let proxy = cluster.proxy.as_ref().expect("proxied");
+    proxy.swallow_replies(true);
+    let pool = cluster.orders_pool().clone();
+    eventually(
+        "the relay to miss acknowledgements",
+        Duration::from_secs(60),
+        || async {
+            let attempts: Option<i32> =
+                sqlx::query_scalar("SELECT max(attempts) FROM outbox WHERE status = 'pending'")
+                    .fetch_one(&pool)
+                    .await
+                    .ok()?;
+            (attempts? >= 2).then_some(())
+        },
+    )
+    .await;
+    proxy.swallow_replies(false);
+    load.progress(STEP).await;
+    let ledger = load.finish().await;
+    cluster.check(&ledger).await.assert_clean();
+    cluster.stop().await;
+}
