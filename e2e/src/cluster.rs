@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 use crate::Names;
 use crate::checker::{self, Report, Sources};
 use crate::load::{Ledger, Load};
-use crate::process::{Kind, NatsServer, Service};
+use crate::process::{Kind, NatsServer, PgServer, Service};
 use crate::proxy::Proxy;
 
 /// nats-server, orders-service and billing-service instances of one scenario.
@@ -31,6 +31,8 @@ pub struct Cluster {
     pub billing: Vec<Service>,
     /// Between orders-service and nats-server, when started with one.
     pub proxy: Option<Proxy>,
+    /// The scenario's own PostgreSQL, when started with one.
+    pub postgres: Option<PgServer>,
     orders_pool: PgPool,
     billing_pool: PgPool,
 }
@@ -39,27 +41,35 @@ impl Cluster {
     /// Starts nats-server, then `orders` orders-service and `billing` billing-service
     /// processes.
     pub async fn start(orders: usize, billing: usize) -> Self {
-        Self::start_with(orders, billing, false).await
+        Self::start_with(orders, billing, Setup::default()).await
     }
 
-    /// Like [`Cluster::start`]; with `proxied`, orders-service reaches NATS through a
-    /// [`Proxy`] that can lose the broker's replies.
-    pub async fn start_with(orders: usize, billing: usize, proxied: bool) -> Self {
+    /// Like [`Cluster::start`], with the [`Setup`] a scenario needs for its faults.
+    pub async fn start_with(orders: usize, billing: usize, setup: Setup) -> Self {
         let names = Names::unique();
         let dir = std::env::temp_dir().join(testing::unique("e2e"));
         std::fs::create_dir_all(&dir).expect("scenario dir");
         let nats = NatsServer::start(&dir).await;
-        let proxy = if proxied {
+        let proxy = if setup.proxy {
             Some(Proxy::start(nats.port).await)
         } else {
             None
         };
+        let postgres = if setup.own_postgres {
+            Some(PgServer::start(&dir).await)
+        } else {
+            None
+        };
+        let url = |name: &str| {
+            postgres
+                .as_ref()
+                .map_or_else(|| testing::database_url(name), |pg| pg.database_url(name))
+        };
         let mut cluster = Self {
             proxy,
-            orders_pool: PgPool::connect_lazy(&testing::database_url(&names.orders_db))
-                .expect("url"),
-            billing_pool: PgPool::connect_lazy(&testing::database_url(&names.billing_db))
-                .expect("url"),
+            orders_pool: PgPool::connect_lazy(&url(&names.orders_db)).expect("url"),
+            billing_pool: PgPool::connect_lazy(&url(&names.billing_db)).expect("url"),
+            postgres,
             names,
             dir,
             nats,
@@ -89,8 +99,12 @@ impl Cluster {
             Kind::Orders => &self.names.orders_db,
             Kind::Billing => &self.names.billing_db,
         };
+        let database_url = self.postgres.as_ref().map_or_else(
+            || testing::database_url(database),
+            |pg| pg.database_url(database),
+        );
         let mut env = vec![
-            ("DATABASE_URL", testing::database_url(database)),
+            ("DATABASE_URL", database_url),
             ("NATS_URL", self.nats.url()),
             ("NATS_STREAM", self.names.stream.clone()),
             ("NATS_SUBJECT_PREFIX", self.names.prefix.clone()),
@@ -149,10 +163,23 @@ impl Cluster {
         self.nats.kill().await;
         self.orders_pool.close().await;
         self.billing_pool.close().await;
-        testing::drop_database(&self.names.orders_db).await;
-        testing::drop_database(&self.names.billing_db).await;
+        if self.postgres.is_none() {
+            testing::drop_database(&self.names.orders_db).await;
+            testing::drop_database(&self.names.billing_db).await;
+        }
+        // Stops the scenario's own PostgreSQL, if any, before its files go.
+        drop(self.postgres.take());
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// What a scenario needs besides the processes themselves.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Setup {
+    /// orders-service reaches NATS through a [`Proxy`] that can lose the broker's replies.
+    pub proxy: bool,
+    /// Both databases live on a PostgreSQL cluster of the scenario's own, which it restarts.
+    pub own_postgres: bool,
 }
 
 /// A load in progress.

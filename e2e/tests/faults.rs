@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use e2e::cluster::Cluster;
+use e2e::cluster::{Cluster, Setup};
 use outbox_core::NewEvent;
 use serde_json::json;
 use service_kit::testing::eventually;
@@ -200,7 +200,11 @@ async fn billing_killed_after_commit_before_ack() {
 /// broker drops the copies.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lost_pub_acks() {
-    let cluster = Cluster::start_with(1, 1, true).await;
+    let setup = Setup {
+        proxy: true,
+        ..Setup::default()
+    };
+    let cluster = Cluster::start_with(1, 1, setup).await;
     let load = cluster.load(4, false);
     load.progress(STEP / 3).await;
     let proxy = cluster.proxy.as_ref().expect("proxied");
@@ -223,5 +227,40 @@ async fn lost_pub_acks() {
     load.progress(STEP).await;
     let ledger = load.finish().await;
     cluster.check(&ledger).await.assert_clean();
+    cluster.stop().await;
+}
+
+/// PostgreSQL restarted in immediate mode (every backend killed, crash recovery) under load:
+/// the services recover on their own and no order is half-written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_restarted_immediately_under_load() {
+    let setup = Setup {
+        own_postgres: true,
+        ..Setup::default()
+    };
+    let cluster = Cluster::start_with(1, 1, setup).await;
+    let load = cluster.load(4, false);
+    load.progress(STEP).await;
+    cluster
+        .postgres
+        .as_ref()
+        .expect("own postgres")
+        .restart_immediate()
+        .await;
+    load.progress(STEP).await;
+    let ledger = load.finish().await;
+    cluster.check(&ledger).await.assert_clean();
+
+    // Atomic write: every order has its OrderPlaced event and every event its order.
+    let orphans: i64 = sqlx::query_scalar(
+        "SELECT (SELECT count(*) FROM orders o WHERE NOT EXISTS \
+                   (SELECT 1 FROM outbox e WHERE e.aggregate_id = o.id AND e.event_type = 'OrderPlaced')) \
+              + (SELECT count(*) FROM outbox e WHERE NOT EXISTS \
+                   (SELECT 1 FROM orders o WHERE o.id = e.aggregate_id))",
+    )
+    .fetch_one(cluster.orders_pool())
+    .await
+    .unwrap();
+    assert_eq!(orphans, 0);
     cluster.stop().await;
 }
