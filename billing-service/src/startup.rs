@@ -52,8 +52,8 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
 }
 
 /// The whole HTTP API.
-pub fn router(state: AppState) -> Router {
-    http::finish(api().with_state(state))
+pub fn router(state: AppState, limits: http::Limits) -> Router {
+    http::finish(api().with_state(state), limits)
 }
 
 /// Applies the `outbox-core` inbox tables and the service's own migrations.
@@ -108,12 +108,15 @@ impl App {
             nats,
         };
         let admin = AdminToken::new(common.admin_token.clone());
-        let router = router(AppState {
-            pool: pool.clone(),
-            rules,
-            health,
-            admin,
-        });
+        let router = router(
+            AppState {
+                pool: pool.clone(),
+                rules,
+                health,
+                admin,
+            },
+            http::Limits::from(common),
+        );
         Ok(Self {
             listener,
             router,

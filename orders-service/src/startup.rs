@@ -50,8 +50,8 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
 }
 
 /// The whole HTTP API.
-pub fn router(state: AppState) -> Router {
-    http::finish(api().with_state(state))
+pub fn router(state: AppState, limits: http::Limits) -> Router {
+    http::finish(api().with_state(state), limits)
 }
 
 /// Applies the `outbox-core` outbox tables and the service's own migrations.
@@ -102,11 +102,14 @@ impl App {
             nats,
         };
         let admin = AdminToken::new(common.admin_token.clone());
-        let router = router(AppState {
-            pool: pool.clone(),
-            health,
-            admin,
-        });
+        let router = router(
+            AppState {
+                pool: pool.clone(),
+                health,
+                admin,
+            },
+            http::Limits::from(common),
+        );
         let cleanup = Cleanup::outbox(pool.clone(), config.outbox_retention);
         Ok(Self {
             listener,

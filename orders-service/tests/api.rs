@@ -378,3 +378,39 @@ async fn admin_endpoints_need_the_token_and_retry_or_skip_dead_events() {
     .await;
     without_token.stop().await;
 }
+
+#[tokio::test]
+async fn overload_is_answered_503_at_once_not_queued() {
+    let app = TestApp::spawn_with(|config| {
+        config.common.http_max_concurrency = 1;
+        config.common.http_timeout = std::time::Duration::from_secs(1);
+    })
+    .await;
+    // Holds the only request slot: GET /orders waits on this lock.
+    let mut lock = app.pool.begin().await.unwrap();
+    sqlx::query("LOCK TABLE orders IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut *lock)
+        .await
+        .unwrap();
+    let stuck = tokio::spawn(app.client.get(format!("{}/orders", app.running.url)).send());
+
+    let shed = testing::eventually(
+        "a request to be shed",
+        std::time::Duration::from_secs(10),
+        || async {
+            let response = app.get("/healthz").await;
+            (response.status() == StatusCode::SERVICE_UNAVAILABLE).then_some(response)
+        },
+    )
+    .await;
+    let body = problem(shed, 503, None).await;
+    assert!(
+        body["detail"].as_str().unwrap().contains("overloaded"),
+        "{body}"
+    );
+    // The stuck request is cut off by the timeout instead of waiting for the lock.
+    problem(stuck.await.unwrap().unwrap(), 503, None).await;
+    lock.rollback().await.unwrap();
+    assert_eq!(app.get("/healthz").await.status(), StatusCode::OK);
+    app.stop().await;
+}

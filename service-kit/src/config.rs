@@ -80,7 +80,7 @@ pub fn ensure(name: &'static str, check: bool, reason: &str) -> Result<(), Confi
 }
 
 /// The settings both services read, with the service's own defaults.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Common {
     /// `DATABASE_URL`: the service's database; created at start-up if missing.
     pub database_url: String,
@@ -102,6 +102,46 @@ pub struct Common {
     pub admin_token: Option<String>,
     /// `LOG_FORMAT`: `json` or `pretty`.
     pub log_format: String,
+    /// `HTTP_TIMEOUT_MS`: a request still running after this long is answered 503.
+    pub http_timeout: Duration,
+    /// `HTTP_MAX_CONCURRENCY`: requests handled at once; more are shed with 503 at once.
+    pub http_max_concurrency: usize,
+}
+
+/// Secrets stay out of debug output: URL passwords and the admin token are redacted.
+impl std::fmt::Debug for Common {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Common")
+            .field("database_url", &redact_url(&self.database_url))
+            .field("database_max_connections", &self.database_max_connections)
+            .field("nats_url", &redact_url(&self.nats_url))
+            .field("listen_addr", &self.listen_addr)
+            .field("stream", &self.stream)
+            .field("subject_prefix", &self.subject_prefix)
+            .field("duplicate_window", &self.duplicate_window)
+            .field("stream_replicas", &self.stream_replicas)
+            .field(
+                "admin_token",
+                &self.admin_token.as_ref().map(|_| "<redacted>"),
+            )
+            .field("log_format", &self.log_format)
+            .field("http_timeout", &self.http_timeout)
+            .field("http_max_concurrency", &self.http_max_concurrency)
+            .finish()
+    }
+}
+
+/// `url` with the password (or a lone token) of its user-info replaced by `<redacted>`.
+pub fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let Some(at) = rest[..authority_end].rfind('@') else {
+        return url.to_owned();
+    };
+    let user = rest[..at].split_once(':').map_or("", |(user, _)| user);
+    format!("{scheme}://{user}:<redacted>@{}", &rest[at + 1..])
 }
 
 impl Common {
@@ -118,7 +158,19 @@ impl Common {
             stream_replicas: parse("NATS_STREAM_REPLICAS", 1)?,
             admin_token: optional("ADMIN_TOKEN"),
             log_format: string("LOG_FORMAT", "pretty"),
+            http_timeout: millis("HTTP_TIMEOUT_MS", Duration::from_secs(10))?,
+            http_max_concurrency: parse("HTTP_MAX_CONCURRENCY", 1024)?,
         };
+        ensure(
+            "HTTP_TIMEOUT_MS",
+            !common.http_timeout.is_zero(),
+            "must be positive",
+        )?;
+        ensure(
+            "HTTP_MAX_CONCURRENCY",
+            common.http_max_concurrency > 0,
+            "must be at least 1",
+        )?;
         ensure(
             "DATABASE_MAX_CONNECTIONS",
             common.database_max_connections > 0,
@@ -141,6 +193,30 @@ impl Common {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn secrets_are_redacted() {
+        assert_eq!(
+            redact_url("postgres://app:hunter2@db:5432/orders"),
+            "postgres://app:<redacted>@db:5432/orders"
+        );
+        assert_eq!(
+            redact_url("nats://s3cret@nats:4222"),
+            "nats://:<redacted>@nats:4222"
+        );
+        assert_eq!(
+            redact_url("postgres://db/x?user=a"),
+            "postgres://db/x?user=a"
+        );
+        let mut common = Common::from_env("postgres://u:hunter2@h/db", "127.0.0.1:0").unwrap();
+        common.admin_token = Some("t0ken".into());
+        common.database_url = "postgres://u:hunter2@h/db".into();
+        let debug = format!("{common:?}");
+        assert!(
+            !debug.contains("hunter2") && !debug.contains("t0ken"),
+            "{debug}"
+        );
+    }
 
     #[test]
     fn parse_error_names_the_variable() {

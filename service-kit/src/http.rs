@@ -28,8 +28,37 @@ pub const BODY_LIMIT: usize = 64 * 1024;
 
 const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
+/// How much work the HTTP server takes on.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// A request still running after this long is answered 503.
+    pub timeout: Duration,
+    /// Requests handled at once; further ones are answered 503 immediately.
+    pub max_concurrency: usize,
+}
+
+impl From<&crate::config::Common> for Limits {
+    fn from(common: &crate::config::Common) -> Self {
+        Self {
+            timeout: common.http_timeout,
+            max_concurrency: common.http_max_concurrency,
+        }
+    }
+}
+
+/// Overload answers: shed or timed-out requests get a 503 problem, never a queue.
+async fn overloaded(error: tower::BoxError) -> ApiError {
+    if error.is::<tower::load_shed::error::Overloaded>() {
+        ApiError::unavailable("the service is overloaded; retry shortly")
+    } else if error.is::<tower::timeout::error::Elapsed>() {
+        ApiError::unavailable("the request took too long; retry shortly")
+    } else {
+        ApiError::internal(anyhow::anyhow!(error))
+    }
+}
+
 /// Adds `/openapi.json`, `/docs`, the problem+json fallbacks and the middleware stack.
-pub fn finish(router: OpenApiRouter) -> Router {
+pub fn finish(router: OpenApiRouter, limits: Limits) -> Router {
     crate::metrics::handle();
     let (router, api) = router.split_for_parts();
     router
@@ -39,6 +68,14 @@ pub fn finish(router: OpenApiRouter) -> Router {
         .layer(axum::middleware::map_response(log_failures))
         .layer(axum::middleware::from_fn(crate::metrics::track_http))
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
+        .layer(
+            tower::ServiceBuilder::new()
+                .layer(axum::error_handling::HandleErrorLayer::new(overloaded))
+                .load_shed()
+                // Router::layer wraps each route: the semaphore must be shared among them.
+                .layer(tower::limit::GlobalConcurrencyLimitLayer::new(limits.max_concurrency))
+                .timeout(limits.timeout),
+        )
         .layer(TraceLayer::new_for_http().make_span_with(request_span))
         .layer(PropagateRequestIdLayer::new(REQUEST_ID))
         .layer(SetRequestIdLayer::new(REQUEST_ID, MakeRequestUuid))
