@@ -73,7 +73,9 @@ pub fn finish(router: OpenApiRouter, limits: Limits) -> Router {
                 .layer(axum::error_handling::HandleErrorLayer::new(overloaded))
                 .load_shed()
                 // Router::layer wraps each route: the semaphore must be shared among them.
-                .layer(tower::limit::GlobalConcurrencyLimitLayer::new(limits.max_concurrency))
+                .layer(tower::limit::GlobalConcurrencyLimitLayer::new(
+                    limits.max_concurrency,
+                ))
                 .timeout(limits.timeout),
         )
         .layer(TraceLayer::new_for_http().make_span_with(request_span))
