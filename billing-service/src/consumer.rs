@@ -302,6 +302,40 @@ mod tests {
         headers
     }
 
+    proptest::proptest! {
+        /// Whatever the bytes, parsing answers (a change, "ignore" or a reason) without panicking.
+        #[test]
+        fn parsing_arbitrary_bodies_never_panics(
+            event_type in "(OrderPlaced|OrderPaid|OrderShipped|[A-Za-z]{0,12})",
+            body in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..256),
+        ) {
+            let _ = parse(&headers(&event_type), &body);
+        }
+
+        /// Every well-formed OrderPlaced opens an invoice with its order id and total.
+        #[test]
+        fn well_formed_order_placed_is_understood(
+            order_id in "[A-Za-z0-9_:@-]{1,128}",
+            total_minor in 1_i64..=i64::MAX,
+        ) {
+            let body = serde_json::json!({"orderId": order_id, "totalMinor": total_minor});
+            let change = parse(&headers("OrderPlaced"), body.to_string().as_bytes()).unwrap();
+            proptest::prop_assert_eq!(change, Some(Change::Open { order_id, total_minor }));
+        }
+
+        /// Order ids that could not be a NATS subject token, and non-positive totals, are refused.
+        #[test]
+        fn hostile_values_are_refused(
+            order_id in "[a-z]{0,5}[.*> \t][a-z]{0,5}",
+            total_minor in i64::MIN..=0,
+        ) {
+            let bad_id = serde_json::json!({"orderId": order_id, "totalMinor": 5});
+            proptest::prop_assert!(parse(&headers("OrderPlaced"), bad_id.to_string().as_bytes()).is_err());
+            let bad_total = serde_json::json!({"orderId": "o1", "totalMinor": total_minor});
+            proptest::prop_assert!(parse(&headers("OrderPlaced"), bad_total.to_string().as_bytes()).is_err());
+        }
+    }
+
     #[test]
     fn headers_survive_the_dead_letter_round_trip() {
         let mut original = headers("OrderPlaced");
