@@ -130,7 +130,7 @@ impl Consumer {
             messaging.message.id = header(&headers, "ce-id"),
             messaging.destination.name = %message.subject,
             event.type = header(&headers, "ce-type"),
-            traceparent = header(&headers, "traceparent"),
+            trace_id = header(&headers, "traceparent").map(service_kit::http::trace_id),
             deliveries,
         );
         let verdict = self
@@ -199,6 +199,7 @@ impl Rules {
             .await;
         match outcome {
             Ok(Outcome::Processed(())) => {
+                tracing::info!("message applied");
                 #[cfg(feature = "failpoints")]
                 crate::failpoints::after_commit();
                 Verdict::Ack

@@ -33,6 +33,7 @@ pub struct Cluster {
     pub proxy: Option<Proxy>,
     /// The scenario's own PostgreSQL, when started with one.
     pub postgres: Option<PgServer>,
+    info_logs: bool,
     orders_pool: PgPool,
     billing_pool: PgPool,
 }
@@ -70,6 +71,7 @@ impl Cluster {
             orders_pool: PgPool::connect_lazy(&url(&names.orders_db)).expect("url"),
             billing_pool: PgPool::connect_lazy(&url(&names.billing_db)).expect("url"),
             postgres,
+            info_logs: setup.info_logs,
             names,
             dir,
             nats,
@@ -104,6 +106,10 @@ impl Cluster {
             |pg| pg.database_url(database),
         );
         let mut env = vec![
+            (
+                "RUST_LOG",
+                if self.info_logs { "info" } else { "warn" }.to_owned(),
+            ),
             ("DATABASE_URL", database_url),
             ("NATS_URL", self.nats.url()),
             ("NATS_STREAM", self.names.stream.clone()),
@@ -180,6 +186,8 @@ pub struct Setup {
     pub proxy: bool,
     /// Both databases live on a PostgreSQL cluster of the scenario's own, which it restarts.
     pub own_postgres: bool,
+    /// Services log at `info` (default `warn`), for scenarios that read the logs.
+    pub info_logs: bool,
 }
 
 /// A load in progress.

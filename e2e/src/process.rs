@@ -182,9 +182,9 @@ impl Service {
             .open(&self.log)
             .expect("log file");
         let child = Command::new(binary(name))
-            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .env("LOG_FORMAT", "json")
             .env("RUST_LOG", "warn")
+            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdout(Stdio::from(log.try_clone().expect("log file")))
             .stderr(Stdio::from(log))
             .kill_on_drop(true)

@@ -76,7 +76,7 @@ fn check_token(field: &'static str, value: &str) -> Result<(), Error> {
 }
 
 /// Whether `value` looks like a W3C traceparent (`00-<32 hex>-<16 hex>-<2 hex>`).
-fn is_traceparent(value: &str) -> bool {
+pub fn is_traceparent(value: &str) -> bool {
     let parts: Vec<&str> = value.split('-').collect();
     parts.len() == 4
         && [2, 32, 16, 2]

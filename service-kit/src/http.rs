@@ -27,6 +27,7 @@ use crate::{ApiError, Json};
 pub const BODY_LIMIT: usize = 64 * 1024;
 
 const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
 
 /// How much work the HTTP server takes on.
 #[derive(Debug, Clone, Copy)]
@@ -79,8 +80,35 @@ pub fn finish(router: OpenApiRouter, limits: Limits) -> Router {
                 .timeout(limits.timeout),
         )
         .layer(TraceLayer::new_for_http().make_span_with(request_span))
+        .layer(axum::middleware::from_fn(ensure_traceparent))
         .layer(PropagateRequestIdLayer::new(REQUEST_ID))
         .layer(SetRequestIdLayer::new(REQUEST_ID, MakeRequestUuid))
+}
+
+/// Gives every request a W3C `traceparent`: the caller's when valid, else a new trace, so one
+/// trace id follows an order from the request through the outbox and NATS into billing.
+async fn ensure_traceparent(
+    mut request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let valid = request
+        .headers()
+        .get(TRACEPARENT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(outbox_core::event::is_traceparent);
+    if !valid {
+        let trace = uuid::Uuid::new_v4().simple().to_string();
+        let span = &uuid::Uuid::new_v4().simple().to_string()[..16];
+        if let Ok(value) = format!("00-{trace}-{span}-01").parse() {
+            request.headers_mut().insert(TRACEPARENT, value);
+        }
+    }
+    next.run(request).await
+}
+
+/// The trace id (32 hex digits) of a W3C traceparent.
+pub fn trace_id(traceparent: &str) -> &str {
+    traceparent.get(3..35).unwrap_or_default()
 }
 
 /// The span of one request, with OpenTelemetry-style field names.
@@ -94,12 +122,17 @@ fn request_span<B>(request: &Request<B>) -> tracing::Span {
         .get(REQUEST_ID)
         .and_then(|v| v.to_str().ok())
         .unwrap_or_default();
+    let traceparent = request
+        .headers()
+        .get(TRACEPARENT)
+        .and_then(|v| v.to_str().ok());
     tracing::info_span!(
         "request",
         http.request.method = %request.method(),
         http.route = route,
         url.path = request.uri().path(),
         request_id,
+        trace_id = traceparent.map(trace_id),
     )
 }
 
@@ -119,10 +152,7 @@ impl<S: Send + Sync> FromRequestParts<S> for TraceParent {
     type Rejection = Infallible;
 
     async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
-        let value = parts
-            .headers
-            .get("traceparent")
-            .and_then(|v| v.to_str().ok());
+        let value = parts.headers.get(TRACEPARENT).and_then(|v| v.to_str().ok());
         Ok(Self(value.map(str::to_owned)))
     }
 }

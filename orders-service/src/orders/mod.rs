@@ -236,6 +236,7 @@ async fn place_order(
     if !placed.created {
         return Ok(Json(placed.order).into_response());
     }
+    tracing::info!(order.id = %placed.order.id, "order placed");
     let location = format!("/orders/{}", placed.order.id);
     Ok((
         StatusCode::CREATED,
