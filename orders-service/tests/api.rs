@@ -383,7 +383,7 @@ async fn admin_endpoints_need_the_token_and_retry_or_skip_dead_events() {
 async fn overload_is_answered_503_at_once_not_queued() {
     let app = TestApp::spawn_with(|config| {
         config.common.http_max_concurrency = 1;
-        config.common.http_timeout = std::time::Duration::from_secs(1);
+        config.common.http_timeout = std::time::Duration::from_secs(3);
     })
     .await;
     // Holds the only request slot: GET /orders waits on this lock.
