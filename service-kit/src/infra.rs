@@ -56,11 +56,13 @@ async fn create_database_if_missing(options: &PgConnectOptions) -> anyhow::Resul
     Ok(())
 }
 
-/// Connects to NATS, failing start-up when the server is unreachable.
-pub async fn connect_nats(url: &str, name: &str) -> anyhow::Result<async_nats::Client> {
+/// Connects to NATS, failing start-up when no server is reachable. `urls` may list several
+/// servers of a cluster, separated by commas.
+pub async fn connect_nats(urls: &str, name: &str) -> anyhow::Result<async_nats::Client> {
+    let servers: Vec<&str> = urls.split(',').map(str::trim).filter(|u| !u.is_empty()).collect();
     async_nats::ConnectOptions::new()
         .name(name)
-        .connect(url)
+        .connect(servers)
         .await
         .context("cannot connect to NATS_URL")
 }
