@@ -156,6 +156,23 @@ impl Cluster {
         checker::check(&sources, ledger).await
     }
 
+    /// Waits until some pending outbox row has failed `attempts` publishes.
+    pub async fn relay_retried(&self, attempts: i32) {
+        eventually(
+            &format!("a pending event with {attempts} failed publishes"),
+            Duration::from_secs(60),
+            || async {
+                let most: Option<i32> =
+                    sqlx::query_scalar("SELECT max(attempts) FROM outbox WHERE status = 'pending'")
+                        .fetch_one(&self.orders_pool)
+                        .await
+                        .ok()?;
+                (most? >= attempts).then_some(())
+            },
+        )
+        .await;
+    }
+
     /// The orders database, for scenario-specific checks and set-ups.
     pub fn orders_pool(&self) -> &PgPool {
         &self.orders_pool

@@ -6,7 +6,6 @@ use std::time::Duration;
 use e2e::cluster::{Cluster, Setup};
 use outbox_core::NewEvent;
 use serde_json::json;
-use service_kit::testing::eventually;
 
 /// Orders accepted between two faults.
 const STEP: usize = 150;
@@ -54,20 +53,7 @@ async fn backlog_drains_after_a_long_broker_outage() {
     let load = cluster.load(4, false);
     load.progress(STEP).await;
     cluster.nats.kill().await;
-    let pool = cluster.orders_pool().clone();
-    eventually(
-        "the relay to fail a few times",
-        Duration::from_secs(60),
-        || async {
-            let attempts: Option<i32> =
-                sqlx::query_scalar("SELECT max(attempts) FROM outbox WHERE status = 'pending'")
-                    .fetch_one(&pool)
-                    .await
-                    .ok()?;
-            (attempts? >= 3).then_some(())
-        },
-    )
-    .await;
+    cluster.relay_retried(3).await;
     cluster.nats.restart().await;
     load.progress(STEP).await;
     let ledger = load.finish().await;
@@ -209,20 +195,7 @@ async fn lost_pub_acks() {
     load.progress(STEP / 3).await;
     let proxy = cluster.proxy.as_ref().expect("proxied");
     proxy.swallow_replies(true);
-    let pool = cluster.orders_pool().clone();
-    eventually(
-        "the relay to miss acknowledgements",
-        Duration::from_secs(60),
-        || async {
-            let attempts: Option<i32> =
-                sqlx::query_scalar("SELECT max(attempts) FROM outbox WHERE status = 'pending'")
-                    .fetch_one(&pool)
-                    .await
-                    .ok()?;
-            (attempts? >= 2).then_some(())
-        },
-    )
-    .await;
+    cluster.relay_retried(2).await;
     proxy.swallow_replies(false);
     load.progress(STEP).await;
     let ledger = load.finish().await;

@@ -90,17 +90,9 @@ async fn list_dead(
     Query(params): Query<DeadParams>,
 ) -> Result<Json<DeadPage>, ApiError> {
     let limit = pagination::limit(params.limit)?;
-    let after = match params.cursor.as_deref() {
-        None => 0,
-        Some(cursor) => cursor
-            .parse()
-            .map_err(|_| ApiError::validation("cursor", "not a cursor returned by this API"))?,
-    };
-    let mut items = outbox::dead(&state.pool, after, limit + 1).await?;
-    let next_cursor = (items.len() as i64 > limit).then(|| {
-        items.truncate(limit as usize);
-        items.last().map(|e| e.seq.to_string()).unwrap_or_default()
-    });
+    let after = pagination::after_id(params.cursor.as_deref())?;
+    let rows = outbox::dead(&state.pool, after, limit + 1).await?;
+    let (items, next_cursor) = pagination::page(rows, limit, |e| e.seq.to_string());
     Ok(Json(DeadPage { items, next_cursor }))
 }
 

@@ -59,7 +59,11 @@ async fn create_database_if_missing(options: &PgConnectOptions) -> anyhow::Resul
 /// Connects to NATS, failing start-up when no server is reachable. `urls` may list several
 /// servers of a cluster, separated by commas.
 pub async fn connect_nats(urls: &str, name: &str) -> anyhow::Result<async_nats::Client> {
-    let servers: Vec<&str> = urls.split(',').map(str::trim).filter(|u| !u.is_empty()).collect();
+    let servers: Vec<&str> = urls
+        .split(',')
+        .map(str::trim)
+        .filter(|u| !u.is_empty())
+        .collect();
     async_nats::ConnectOptions::new()
         .name(name)
         .connect(servers)

@@ -53,15 +53,24 @@ pub fn limit(requested: Option<i64>) -> Result<i64, ApiError> {
 pub fn page<T>(
     mut rows: Vec<T>,
     limit: i64,
-    cursor_of: impl Fn(&T) -> Cursor,
+    cursor_of: impl Fn(&T) -> String,
 ) -> (Vec<T>, Option<String>) {
     let limit = usize::try_from(limit).unwrap_or(usize::MAX);
     if rows.len() <= limit {
         return (rows, None);
     }
     rows.truncate(limit);
-    let next = rows.last().map(|last| cursor_of(last).encode());
+    let next = rows.last().map(cursor_of);
     (rows, next)
+}
+
+/// The id after which an oldest-first list of numbered items continues (0: from the start).
+pub fn after_id(cursor: Option<&str>) -> Result<i64, ApiError> {
+    cursor.map_or(Ok(0), |cursor| {
+        cursor
+            .parse()
+            .map_err(|_| ApiError::validation("cursor", "not a cursor returned by this API"))
+    })
 }
 
 #[cfg(test)]
@@ -90,21 +99,30 @@ mod tests {
         assert_eq!(limit(Some(200)).unwrap(), 200);
         assert!(limit(Some(0)).is_err());
         assert!(limit(Some(201)).is_err());
+        assert_eq!(after_id(None).unwrap(), 0);
+        assert_eq!(after_id(Some("42")).unwrap(), 42);
+        assert!(after_id(Some("x")).is_err());
     }
 
     #[test]
     fn page_cuts_and_points_at_the_last_item() {
         let t = Utc::now();
         let rows: Vec<i32> = (0..3).collect();
-        let (items, next) = page(rows.clone(), 2, |i| Cursor {
-            t,
-            id: i.to_string(),
+        let (items, next) = page(rows.clone(), 2, |i| {
+            Cursor {
+                t,
+                id: i.to_string(),
+            }
+            .encode()
         });
         assert_eq!(items, [0, 1]);
         assert_eq!(Cursor::decode(&next.unwrap()).unwrap().id, "1");
-        let (items, next) = page(rows, 3, |i| Cursor {
-            t,
-            id: i.to_string(),
+        let (items, next) = page(rows, 3, |i| {
+            Cursor {
+                t,
+                id: i.to_string(),
+            }
+            .encode()
         });
         assert_eq!(items.len(), 3);
         assert!(next.is_none());

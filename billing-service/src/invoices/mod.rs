@@ -136,9 +136,12 @@ async fn list_invoices(
     let limit = pagination::limit(params.limit)?;
     let after = params.cursor.as_deref().map(Cursor::decode).transpose()?;
     let rows = store::list(&state.pool, params.order_id.as_deref(), after, limit + 1).await?;
-    let (items, next_cursor) = pagination::page(rows, limit, |i| Cursor {
-        t: i.created_at,
-        id: i.id.to_string(),
+    let (items, next_cursor) = pagination::page(rows, limit, |i| {
+        Cursor {
+            t: i.created_at,
+            id: i.id.to_string(),
+        }
+        .encode()
     });
     Ok(Json(InvoicePage { items, next_cursor }))
 }

@@ -279,9 +279,12 @@ async fn list_orders(
     let limit = pagination::limit(params.limit)?;
     let after = params.cursor.as_deref().map(Cursor::decode).transpose()?;
     let rows = store::list(&state.pool, after, limit + 1).await?;
-    let (items, next_cursor) = pagination::page(rows, limit, |o| Cursor {
-        t: o.created_at,
-        id: o.id.clone(),
+    let (items, next_cursor) = pagination::page(rows, limit, |o| {
+        Cursor {
+            t: o.created_at,
+            id: o.id.clone(),
+        }
+        .encode()
     });
     Ok(Json(OrderPage { items, next_cursor }))
 }
