@@ -68,6 +68,17 @@ async fn an_order_becomes_exactly_one_invoice_and_a_repeated_post_is_safe() {
     let outbox = get_json(&client, format!("{}/outbox/stats", stack.orders.url)).await;
     assert_eq!(outbox["pending"], 0);
 
+    for base in [&stack.orders.url, &stack.billing.url] {
+        let docs = client.get(format!("{base}/docs")).send().await.unwrap();
+        assert_eq!(docs.status(), 200);
+        assert!(
+            docs.text().await.unwrap().contains("swagger-ui"),
+            "the docs page is served"
+        );
+        let api: Value = get_json(&client, format!("{base}/openapi.json")).await;
+        assert!(api["paths"]["/healthz"].is_object(), "{api}");
+    }
+
     let orders_metrics = client
         .get(format!("{}/metrics", stack.orders.url))
         .send()
