@@ -172,7 +172,9 @@ async fn check_stream(
     accepted: &HashMap<String, i64>,
 ) -> (usize, usize, usize) {
     const LIFECYCLE: [&str; 3] = ["OrderPlaced", "OrderPaid", "OrderShipped"];
-    let client = async_nats::connect(&sources.nats_url).await.expect("NATS");
+    let client = service_kit::infra::connect_nats(&sources.nats_url, "e2e-checker")
+        .await
+        .expect("NATS");
     let stream = async_nats::jetstream::new(client)
         .get_stream(sources.stream)
         .await

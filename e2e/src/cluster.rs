@@ -50,7 +50,10 @@ impl Cluster {
         let names = Names::unique();
         let dir = std::env::temp_dir().join(testing::unique("e2e"));
         std::fs::create_dir_all(&dir).expect("scenario dir");
-        let nats = NatsServer::start(&dir).await;
+        let credentials = setup
+            .nats_auth
+            .then(|| ("orders-app".to_owned(), testing::unique("pw")));
+        let nats = NatsServer::start_with(&dir, credentials).await;
         let proxy = if setup.proxy {
             Some(Proxy::start(nats.port).await)
         } else {
@@ -196,8 +199,9 @@ impl Cluster {
     }
 }
 
-/// What a scenario needs besides the processes themselves.
+/// What a scenario needs besides the processes themselves: independent switches.
 #[derive(Debug, Clone, Copy, Default)]
+#[allow(clippy::struct_excessive_bools)]
 pub struct Setup {
     /// orders-service reaches NATS through a [`Proxy`] that can lose the broker's replies.
     pub proxy: bool,
@@ -205,6 +209,8 @@ pub struct Setup {
     pub own_postgres: bool,
     /// Services log at `info` (default `warn`), for scenarios that read the logs.
     pub info_logs: bool,
+    /// nats-server requires a user and password, given to the services in `NATS_URL`.
+    pub nats_auth: bool,
 }
 
 /// A load in progress.

@@ -53,6 +53,8 @@ pub fn binary(name: &str) -> PathBuf {
 pub struct NatsServer {
     /// Its port.
     pub port: u16,
+    /// User and password clients must present, when the server requires them.
+    pub credentials: Option<(String, String)>,
     store: PathBuf,
     child: Option<Child>,
 }
@@ -60,10 +62,16 @@ pub struct NatsServer {
 impl NatsServer {
     /// Starts a server in a fresh store directory under `dir`.
     pub async fn start(dir: &Path) -> Self {
+        Self::start_with(dir, None).await
+    }
+
+    /// Starts a server that requires `credentials` (user, password) when given.
+    pub async fn start_with(dir: &Path, credentials: Option<(String, String)>) -> Self {
         let store = dir.join(format!("nats-{}", testing::unique("store")));
         std::fs::create_dir_all(&store).expect("store dir");
         let mut server = Self {
             port: free_port(),
+            credentials,
             store,
             child: None,
         };
@@ -73,7 +81,10 @@ impl NatsServer {
 
     /// `nats://127.0.0.1:{port}`.
     pub fn url(&self) -> String {
-        format!("nats://127.0.0.1:{}", self.port)
+        match &self.credentials {
+            Some((user, password)) => format!("nats://{user}:{password}@127.0.0.1:{}", self.port),
+            None => format!("nats://127.0.0.1:{}", self.port),
+        }
     }
 
     /// Starts the server again on the same port and store.
@@ -96,6 +107,14 @@ impl NatsServer {
                 "-sd",
             ])
             .arg(&self.store)
+            .args(self.credentials.iter().flat_map(|(user, password)| {
+                [
+                    "--user".to_owned(),
+                    user.clone(),
+                    "--pass".to_owned(),
+                    password.clone(),
+                ]
+            }))
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .kill_on_drop(true)
@@ -108,7 +127,12 @@ impl NatsServer {
             Duration::from_secs(20),
             || {
                 let url = url.clone();
-                async move { async_nats::connect(url).await.ok().map(drop) }
+                async move {
+                    service_kit::infra::connect_nats(&url, "e2e")
+                        .await
+                        .ok()
+                        .map(drop)
+                }
             },
         )
         .await;

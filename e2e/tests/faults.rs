@@ -263,3 +263,25 @@ async fn graceful_shutdown_under_load() {
     cluster.check(&ledger).await.assert_clean();
     cluster.stop().await;
 }
+
+/// nats-server requires a user and password: the services authenticate with the credentials in
+/// `NATS_URL`, and the whole path works as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nats_with_user_and_password() {
+    let setup = Setup {
+        nats_auth: true,
+        ..Setup::default()
+    };
+    let cluster = Cluster::start_with(1, 1, setup).await;
+    assert!(
+        async_nats::connect(format!("nats://127.0.0.1:{}", cluster.nats.port))
+            .await
+            .is_err(),
+        "the server refuses clients without credentials"
+    );
+    let load = cluster.load(2, false);
+    load.progress(STEP / 3).await;
+    let ledger = load.finish().await;
+    cluster.check(&ledger).await.assert_clean();
+    cluster.stop().await;
+}

@@ -57,15 +57,34 @@ async fn create_database_if_missing(options: &PgConnectOptions) -> anyhow::Resul
 }
 
 /// Connects to NATS, failing start-up when no server is reachable. `urls` may list several
-/// servers of a cluster, separated by commas.
+/// servers of a cluster, separated by commas; `user:password@` or `token@` in a URL
+/// authenticates (async-nats itself ignores credentials in URLs). `NATS_CREDS_FILE`, when set,
+/// names a credentials file (JWT + NKey); a `tls://` URL requires TLS.
 pub async fn connect_nats(urls: &str, name: &str) -> anyhow::Result<async_nats::Client> {
-    let servers: Vec<&str> = urls
+    let servers: Vec<async_nats::ServerAddr> = urls
         .split(',')
         .map(str::trim)
         .filter(|u| !u.is_empty())
-        .collect();
-    async_nats::ConnectOptions::new()
-        .name(name)
+        .map(|u| {
+            u.parse()
+                .map_err(|_| anyhow::anyhow!("NATS_URL holds an invalid URL"))
+        })
+        .collect::<anyhow::Result<_>>()?;
+    let mut options = async_nats::ConnectOptions::new().name(name);
+    if let Some(server) = servers.iter().find(|s| s.username().is_some()) {
+        let user = server.username().unwrap_or_default().to_owned();
+        options = match server.password() {
+            Some(password) => options.user_and_password(user, password.to_owned()),
+            None => options.token(user),
+        };
+    }
+    if let Some(path) = crate::config::optional("NATS_CREDS_FILE") {
+        options = options
+            .credentials_file(&path)
+            .await
+            .context("cannot read NATS_CREDS_FILE")?;
+    }
+    options
         .connect(servers)
         .await
         .context("cannot connect to NATS_URL")
