@@ -174,19 +174,22 @@ impl<P: Publisher> Relay<P> {
             }
         }
 
-        storage::mark_published(
-            &mut tx,
-            &published.iter().map(|(seq, _)| *seq).collect::<Vec<_>>(),
-        )
-        .await?;
-        let dead = storage::mark_failed(
-            &mut tx,
-            &failed.seqs,
-            &failed.errors,
-            &failed.delays,
-            self.config.max_attempts,
-        )
-        .await?;
+        if !published.is_empty() {
+            let seqs: Vec<i64> = published.iter().map(|(seq, _)| *seq).collect();
+            storage::mark_published(&mut tx, &seqs).await?;
+        }
+        let dead = if failed.seqs.is_empty() {
+            Vec::new()
+        } else {
+            storage::mark_failed(
+                &mut tx,
+                &failed.seqs,
+                &failed.errors,
+                &failed.delays,
+                self.config.max_attempts,
+            )
+            .await?
+        };
         tx.commit().await?;
 
         let now = chrono::Utc::now();
