@@ -13,9 +13,8 @@ FROM chef AS builder
 COPY --from=planner /app/recipe.json recipe.json
 RUN cargo chef cook --release --locked --recipe-path recipe.json -p orders-service -p billing-service
 COPY . .
-# Queries are checked against the committed .sqlx/ data: no database at build time.
-ENV SQLX_OFFLINE=true
-RUN cargo build --release --locked -p orders-service -p billing-service
+# The same build the tests run (scripts/test checks this line is here).
+RUN scripts/build-services
 
 FROM debian:bookworm-slim AS runtime
 RUN apt-get update \

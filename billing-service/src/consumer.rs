@@ -200,7 +200,6 @@ impl Rules {
         match outcome {
             Ok(Outcome::Processed(())) => {
                 tracing::info!("message applied");
-                #[cfg(feature = "failpoints")]
                 crate::failpoints::after_commit();
                 Verdict::Ack
             }

@@ -3,25 +3,87 @@
 
 use axum::extract::State;
 use outbox_core::inbox::{DeadLetter, InboxStats};
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use service_kit::admin::Admin;
-use service_kit::pagination;
+use service_kit::ops::{Action, Column, OpsPage, Tile};
+use service_kit::pagination::{self, PageParams};
 use service_kit::problem::Problem;
 use service_kit::{ApiError, Json, Path, Query};
-use utoipa::{IntoParams, ToSchema};
+use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::AppState;
 use crate::consumer::{Verdict, headers_from_json};
 
-/// The inbox routes.
+/// What `/ops` shows: the inbox's counts and its open dead letters.
+const OPS: OpsPage = OpsPage {
+    service: "billing-service",
+    stats: "/inbox/stats",
+    tiles: &[
+        Tile {
+            key: "processed",
+            label: "Processed messages",
+            alert: false,
+        },
+        Tile {
+            key: "duplicate",
+            label: "Duplicates recognised",
+            alert: false,
+        },
+        Tile {
+            key: "dead",
+            label: "Open dead letters",
+            alert: true,
+        },
+    ],
+    dead: "/inbox/dead",
+    columns: &[
+        Column {
+            key: "id",
+            label: "Id",
+        },
+        Column {
+            key: "messageId",
+            label: "Message id",
+        },
+        Column {
+            key: "subject",
+            label: "Subject",
+        },
+        Column {
+            key: "error",
+            label: "Error",
+        },
+        Column {
+            key: "deliveries",
+            label: "Deliveries",
+        },
+        Column {
+            key: "createdAt",
+            label: "Dead since",
+        },
+    ],
+    actions: &[
+        Action {
+            name: "retry",
+            label: "Replay",
+        },
+        Action {
+            name: "skip",
+            label: "Skip",
+        },
+    ],
+};
+
+/// The inbox routes and the ops page.
 pub fn router() -> OpenApiRouter<AppState> {
-    OpenApiRouter::new()
+    OPS.router()
         .routes(routes!(stats))
         .routes(routes!(metrics))
         .routes(routes!(list_dead))
         .routes(routes!(retry))
+        .routes(routes!(skip))
 }
 
 /// Processed messages, recognised duplicates and open dead letters.
@@ -41,17 +103,6 @@ async fn metrics(State(state): State<AppState>) -> Result<String, ApiError> {
     Ok(service_kit::metrics::render())
 }
 
-/// Page parameters.
-#[derive(Debug, Deserialize, IntoParams)]
-#[serde(deny_unknown_fields)]
-#[into_params(parameter_in = Query)]
-struct DeadParams {
-    /// Items per page, 1-200 (default 50).
-    limit: Option<i64>,
-    /// `nextCursor` of the previous page.
-    cursor: Option<String>,
-}
-
 /// A page of open dead letters, oldest first.
 #[derive(Debug, Serialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
@@ -61,19 +112,22 @@ struct DeadPage {
     next_cursor: Option<String>,
 }
 
-/// What a replay did.
+/// What an admin action did to a dead letter.
 #[derive(Debug, Serialize, ToSchema)]
-struct RetryResult {
+struct ActionResult {
     /// The dead letter.
     id: i64,
-    /// `applied`: the message went through the inbox (applied now, or found applied before).
+    /// `applied`: the message went through the inbox (applied now, or found applied before);
+    /// `skipped`: closed without applying it.
     outcome: &'static str,
 }
 
 /// Lists open dead letters with their error and delivery count (admin).
-#[utoipa::path(get, path = "/inbox/dead", tag = "inbox", params(DeadParams),
+#[utoipa::path(get, path = "/inbox/dead", tag = "inbox", params(PageParams),
     security(("admin" = [])), responses(
     (status = 200, description = "A page of dead letters", body = DeadPage),
+    (status = 422, description = "Bad limit or cursor", body = Problem,
+        content_type = "application/problem+json"),
     (status = 401, description = "Missing or wrong admin token", body = Problem,
         content_type = "application/problem+json"),
     (status = 403, description = "ADMIN_TOKEN is not configured", body = Problem,
@@ -82,7 +136,7 @@ struct RetryResult {
 async fn list_dead(
     _: Admin,
     State(state): State<AppState>,
-    Query(params): Query<DeadParams>,
+    Query(params): Query<PageParams>,
 ) -> Result<Json<DeadPage>, ApiError> {
     let limit = pagination::limit(params.limit)?;
     let after = pagination::after_id(params.cursor.as_deref())?;
@@ -94,9 +148,9 @@ async fn list_dead(
 /// Applies a dead letter again through the inbox, e.g. after the cause was fixed (admin).
 /// Exactly-once still holds: a message applied before is recognised as a duplicate.
 #[utoipa::path(post, path = "/inbox/dead/{id}/retry", tag = "inbox",
-    params(("id" = i64, Path, description = "Dead letter id")),
+    params(("id" = i64, Path, description = "Dead letter id", minimum = 1)),
     security(("admin" = [])), responses(
-    (status = 200, description = "Applied; the dead letter is closed", body = RetryResult),
+    (status = 200, description = "Applied; the dead letter is closed", body = ActionResult),
     (status = 404, description = "No open dead letter with this id", body = Problem,
         content_type = "application/problem+json"),
     (status = 409, description = "Still not applicable; the dead letter stays", body = Problem,
@@ -112,7 +166,7 @@ async fn retry(
     _: Admin,
     State(state): State<AppState>,
     Path(id): Path<i64>,
-) -> Result<Json<RetryResult>, ApiError> {
+) -> Result<Json<ActionResult>, ApiError> {
     let inbox = state.rules.inbox();
     let letter = inbox
         .dead_letter_by_id(id)
@@ -127,7 +181,7 @@ async fn retry(
     match state.rules.verdict(&headers, &letter.payload, 1).await {
         Verdict::Ack => {
             inbox.close_dead_letter(id).await?;
-            Ok(Json(RetryResult {
+            Ok(Json(ActionResult {
                 id,
                 outcome: "applied",
             }))
@@ -137,4 +191,35 @@ async fn retry(
         ))),
         Verdict::Dead(reason) => Err(ApiError::validation("message", reason)),
     }
+}
+
+/// Gives up on a dead letter without applying it; it stays recorded as skipped (admin).
+#[utoipa::path(post, path = "/inbox/dead/{id}/skip", tag = "inbox",
+    params(("id" = i64, Path, description = "Dead letter id", minimum = 1)),
+    security(("admin" = [])), responses(
+    (status = 200, description = "Skipped; the dead letter is closed", body = ActionResult),
+    (status = 404, description = "No open dead letter with this id", body = Problem,
+        content_type = "application/problem+json"),
+    (status = 401, description = "Missing or wrong admin token", body = Problem,
+        content_type = "application/problem+json"),
+    (status = 403, description = "ADMIN_TOKEN is not configured", body = Problem,
+        content_type = "application/problem+json"),
+))]
+async fn skip(
+    _: Admin,
+    State(state): State<AppState>,
+    Path(id): Path<i64>,
+) -> Result<Json<ActionResult>, ApiError> {
+    if !state.rules.inbox().skip_dead_letter(id).await? {
+        return Err(ApiError::not_found(format!("no open dead letter {id}")));
+    }
+    tracing::warn!(
+        dead_letter.id = id,
+        action = "skip",
+        "admin action on dead letter"
+    );
+    Ok(Json(ActionResult {
+        id,
+        outcome: "skipped",
+    }))
 }

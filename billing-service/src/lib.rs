@@ -9,12 +9,11 @@
 //! - [`startup`]: [`App`]: connections, migrations, the router, the consumer, graceful shutdown;
 //! - [`consumer`]: the consumer loop and the rules for each message;
 //! - [`invoices`]: the `/invoices` resource, its SQL, and how events change invoices;
-//! - `failpoints` (feature `failpoints`, tests only): crash on purpose at chosen points;
+//! - `failpoints`: crash on purpose at chosen points, for the crash tests (inert unless set);
 //! - [`inbox_api`]: the `/inbox/stats` route.
 
 pub mod config;
 pub mod consumer;
-#[cfg(feature = "failpoints")]
 pub mod failpoints;
 pub mod inbox_api;
 pub mod invoices;

@@ -11,6 +11,7 @@ use service_kit::admin::{AdminSecurity, AdminToken};
 use service_kit::http::{self, BackgroundTask, Health};
 use service_kit::infra;
 use sqlx::PgPool;
+use sqlx::migrate::Migrator;
 use tokio::net::TcpListener;
 use utoipa::OpenApi;
 use utoipa_axum::router::OpenApiRouter;
@@ -48,7 +49,7 @@ pub fn api() -> OpenApiRouter<AppState> {
 
 /// The generated OpenAPI document, as served at `/openapi.json`.
 pub fn openapi() -> utoipa::openapi::OpenApi {
-    api().into_openapi()
+    http::openapi(api())
 }
 
 /// The whole HTTP API.
@@ -56,14 +57,17 @@ pub fn router(state: AppState, limits: http::Limits) -> Router {
     http::finish(api().with_state(state), limits)
 }
 
-/// Applies the `outbox-core` inbox tables and the service's own migrations.
+/// The migrations of this service's database: the `outbox-core` inbox tables and its own.
+pub fn migrations() -> Vec<(&'static str, Migrator)> {
+    vec![
+        ("inbox", outbox_core::migrate::inbox_migrations()),
+        ("billing", sqlx::migrate!("../migrations/billing")),
+    ]
+}
+
+/// Applies [`migrations`].
 pub async fn migrate(pool: &PgPool) -> anyhow::Result<()> {
-    outbox_core::migrate::inbox(pool)
-        .await
-        .context("inbox migrations failed")?;
-    outbox_core::migrate::run(sqlx::migrate!("../migrations/billing"), pool)
-        .await
-        .context("billing migrations failed")
+    infra::prepare_schema(pool, true, migrations()).await
 }
 
 /// A built service, listening but not yet serving.
@@ -80,9 +84,10 @@ impl App {
     /// Connects (creating the database if missing), migrates, sets up the stream and the
     /// durable consumer, and binds.
     pub async fn build(config: Config) -> anyhow::Result<Self> {
+        crate::failpoints::warn_if_armed();
         let common = &config.common;
         let pool = infra::connect_db(&common.database_url, common.database_max_connections).await?;
-        migrate(&pool).await?;
+        infra::prepare_schema(&pool, common.database_migrate, migrations()).await?;
 
         let nats = infra::connect_nats(&common.nats_url, "billing-service").await?;
         let jetstream = async_nats::jetstream::new(nats.clone());

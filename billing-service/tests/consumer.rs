@@ -100,7 +100,7 @@ const WAIT: Duration = Duration::from_secs(20);
 
 #[tokio::test]
 async fn poison_message_is_dead_lettered_and_others_flow() {
-    let app = TestApp::spawn().await;
+    let app = TestApp::spawn_with(|config| config.common.admin_token = Some("s3cret".into())).await;
     app.publish("m-poison", "OrderPlaced", "o1", "not json")
         .await;
     app.publish("m-ok", "OrderPlaced", "o2", placed("o2", 300))
@@ -123,6 +123,27 @@ async fn poison_message_is_dead_lettered_and_others_flow() {
         (message_id.as_deref(), payload.as_slice()),
         (Some("m-poison"), &b"not json"[..])
     );
+    assert_eq!(app.invoice("o1").await, None);
+
+    // An operator gives up on it: closed as skipped, still kept.
+    let id: i64 = sqlx::query_scalar("SELECT id FROM inbox_dead")
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
+    let skip = || {
+        reqwest::Client::new()
+            .post(format!("{}/inbox/dead/{id}/skip", app.running.url))
+            .bearer_auth("s3cret")
+            .send()
+    };
+    assert_eq!(skip().await.unwrap().status(), 200);
+    assert_eq!(skip().await.unwrap().status(), 404, "closed by the first");
+    assert_eq!(app.stats().await["dead"], 0);
+    let resolution: Option<String> = sqlx::query_scalar("SELECT resolution FROM inbox_dead")
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
+    assert_eq!(resolution.as_deref(), Some("skipped"));
     assert_eq!(app.invoice("o1").await, None);
     app.stop().await;
 }

@@ -132,7 +132,7 @@ pub async fn check(sources: &Sources<'_>, ledger: &Ledger) -> Report {
     .await
     .expect("outbox counts");
     let open_letters: i64 =
-        sqlx::query_scalar("SELECT count(*) FROM inbox_dead WHERE retried_at IS NULL")
+        sqlx::query_scalar("SELECT count(*) FROM inbox_dead WHERE closed_at IS NULL")
             .fetch_one(sources.billing)
             .await
             .expect("dead letters");

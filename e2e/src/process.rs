@@ -17,33 +17,21 @@ pub fn free_port() -> u16 {
         .expect("a free port")
 }
 
-/// Builds the service binaries once per test process, with billing-service's test-only
-/// failpoints, into a target directory of their own (so the workspace's build is untouched),
-/// and returns the path of `name`.
+/// Builds the service binaries once per test process with `scripts/build-services` (the
+/// Dockerfile's build) and returns the path of `name`.
 pub fn binary(name: &str) -> PathBuf {
     static BIN_DIR: OnceLock<PathBuf> = OnceLock::new();
     let dir = BIN_DIR.get_or_init(|| {
         let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-        let target = std::env::var_os("CARGO_TARGET_DIR")
-            .map_or_else(|| workspace.join("target"), PathBuf::from)
-            .join("e2e-bins");
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let status = std::process::Command::new(cargo)
-            .args([
-                "build",
-                "--bins",
-                "-p",
-                "orders-service",
-                "-p",
-                "billing-service",
-            ])
-            .args(["--features", "billing-service/failpoints", "--target-dir"])
-            .arg(&target)
+        let status = std::process::Command::new(workspace.join("scripts/build-services"))
+            .arg("--quiet")
             .current_dir(&workspace)
             .status()
-            .expect("cargo runs");
+            .expect("scripts/build-services runs");
         assert!(status.success(), "building the service binaries failed");
-        target.join("debug")
+        std::env::var_os("CARGO_TARGET_DIR")
+            .map_or_else(|| workspace.join("target"), PathBuf::from)
+            .join("release")
     });
     dir.join(name)
 }

@@ -4,21 +4,87 @@
 use axum::extract::State;
 use outbox_core::OutboxStats;
 use outbox_core::outbox::{self, DeadEvent};
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use service_kit::admin::Admin;
-use service_kit::pagination;
+use service_kit::ops::{Action, Column, OpsPage, Tile};
+use service_kit::pagination::{self, PageParams};
 use service_kit::problem::Problem;
 use service_kit::{ApiError, Json, Path, Query};
-use utoipa::{IntoParams, ToSchema};
+use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 use uuid::Uuid;
 
 use crate::AppState;
 
-/// The outbox routes.
+/// What `/ops` shows: the outbox's counts and its dead events.
+const OPS: OpsPage = OpsPage {
+    service: "orders-service",
+    stats: "/outbox/stats",
+    tiles: &[
+        Tile {
+            key: "pending",
+            label: "Pending events",
+            alert: false,
+        },
+        Tile {
+            key: "oldestPendingSeconds",
+            label: "Oldest pending",
+            alert: false,
+        },
+        Tile {
+            key: "dead",
+            label: "Dead events",
+            alert: true,
+        },
+        Tile {
+            key: "parked",
+            label: "Parked aggregates",
+            alert: true,
+        },
+    ],
+    dead: "/outbox/dead",
+    columns: &[
+        Column {
+            key: "id",
+            label: "Event id",
+        },
+        Column {
+            key: "aggregateId",
+            label: "Aggregate",
+        },
+        Column {
+            key: "eventType",
+            label: "Type",
+        },
+        Column {
+            key: "attempts",
+            label: "Attempts",
+        },
+        Column {
+            key: "lastError",
+            label: "Last error",
+        },
+        Column {
+            key: "createdAt",
+            label: "Enqueued",
+        },
+    ],
+    actions: &[
+        Action {
+            name: "retry",
+            label: "Retry",
+        },
+        Action {
+            name: "skip",
+            label: "Skip",
+        },
+    ],
+};
+
+/// The outbox routes and the ops page.
 pub fn router() -> OpenApiRouter<AppState> {
-    OpenApiRouter::new()
+    OPS.router()
         .routes(routes!(stats))
         .routes(routes!(metrics))
         .routes(routes!(list_dead))
@@ -46,17 +112,6 @@ async fn metrics(State(state): State<AppState>) -> Result<String, ApiError> {
     Ok(service_kit::metrics::render())
 }
 
-/// Page parameters.
-#[derive(Debug, Deserialize, IntoParams)]
-#[serde(deny_unknown_fields)]
-#[into_params(parameter_in = Query)]
-struct DeadParams {
-    /// Items per page, 1-200 (default 50).
-    limit: Option<i64>,
-    /// `nextCursor` of the previous page.
-    cursor: Option<String>,
-}
-
 /// A page of dead events, oldest first.
 #[derive(Debug, Serialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
@@ -76,9 +131,11 @@ struct ActionResult {
 }
 
 /// Lists dead events with their attempts and last error (admin).
-#[utoipa::path(get, path = "/outbox/dead", tag = "outbox", params(DeadParams),
+#[utoipa::path(get, path = "/outbox/dead", tag = "outbox", params(PageParams),
     security(("admin" = [])), responses(
     (status = 200, description = "A page of dead events", body = DeadPage),
+    (status = 422, description = "Bad limit or cursor", body = Problem,
+        content_type = "application/problem+json"),
     (status = 401, description = "Missing or wrong admin token", body = Problem,
         content_type = "application/problem+json"),
     (status = 403, description = "ADMIN_TOKEN is not configured", body = Problem,
@@ -87,7 +144,7 @@ struct ActionResult {
 async fn list_dead(
     _: Admin,
     State(state): State<AppState>,
-    Query(params): Query<DeadParams>,
+    Query(params): Query<PageParams>,
 ) -> Result<Json<DeadPage>, ApiError> {
     let limit = pagination::limit(params.limit)?;
     let after = pagination::after_id(params.cursor.as_deref())?;

@@ -12,6 +12,7 @@ use service_kit::admin::{AdminSecurity, AdminToken};
 use service_kit::http::{self, BackgroundTask, Health};
 use service_kit::infra;
 use sqlx::PgPool;
+use sqlx::migrate::Migrator;
 use tokio::net::TcpListener;
 use utoipa::OpenApi;
 use utoipa_axum::router::OpenApiRouter;
@@ -46,7 +47,7 @@ pub fn api() -> OpenApiRouter<AppState> {
 
 /// The generated OpenAPI document, as served at `/openapi.json`.
 pub fn openapi() -> utoipa::openapi::OpenApi {
-    api().into_openapi()
+    http::openapi(api())
 }
 
 /// The whole HTTP API.
@@ -54,14 +55,17 @@ pub fn router(state: AppState, limits: http::Limits) -> Router {
     http::finish(api().with_state(state), limits)
 }
 
-/// Applies the `outbox-core` outbox tables and the service's own migrations.
+/// The migrations of this service's database: the `outbox-core` outbox tables and its own.
+pub fn migrations() -> Vec<(&'static str, Migrator)> {
+    vec![
+        ("outbox", outbox_core::migrate::outbox_migrations()),
+        ("orders", sqlx::migrate!("../migrations/orders")),
+    ]
+}
+
+/// Applies [`migrations`].
 pub async fn migrate(pool: &PgPool) -> anyhow::Result<()> {
-    outbox_core::migrate::outbox(pool)
-        .await
-        .context("outbox migrations failed")?;
-    outbox_core::migrate::run(sqlx::migrate!("../migrations/orders"), pool)
-        .await
-        .context("orders migrations failed")
+    infra::prepare_schema(pool, true, migrations()).await
 }
 
 /// A built service, listening but not yet serving.
@@ -79,7 +83,7 @@ impl App {
     pub async fn build(config: Config) -> anyhow::Result<Self> {
         let common = &config.common;
         let pool = infra::connect_db(&common.database_url, common.database_max_connections).await?;
-        migrate(&pool).await?;
+        infra::prepare_schema(&pool, common.database_migrate, migrations()).await?;
 
         let nats = infra::connect_nats(&common.nats_url, "orders-service").await?;
         let jetstream = ContextBuilder::new()

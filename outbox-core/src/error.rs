@@ -13,6 +13,12 @@ pub enum Error {
     /// Applying this crate's migrations failed.
     #[error("migration failed")]
     Migrate(#[from] sqlx::migrate::MigrateError),
+    /// The database lacks migrations this code needs (see [`crate::migrate::verify`]).
+    #[error("the database is not migrated: versions {missing:?} are not applied")]
+    NotMigrated {
+        /// The versions not applied.
+        missing: Vec<i64>,
+    },
     /// An event field does not follow the rules in [`crate::event`].
     #[error("invalid event {field}: {reason}")]
     InvalidEvent {

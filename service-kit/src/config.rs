@@ -86,6 +86,9 @@ pub struct Common {
     pub database_url: String,
     /// `DATABASE_MAX_CONNECTIONS`: pool size.
     pub database_max_connections: u32,
+    /// `DATABASE_MIGRATE`: apply migrations at start-up (`true`), or only check they were
+    /// applied (`false`, for a role that may not change the schema).
+    pub database_migrate: bool,
     /// `NATS_URL`.
     pub nats_url: String,
     /// `LISTEN_ADDR`: where the HTTP API listens (`127.0.0.1:0` picks a free port).
@@ -114,6 +117,7 @@ impl std::fmt::Debug for Common {
         f.debug_struct("Common")
             .field("database_url", &redact_url(&self.database_url))
             .field("database_max_connections", &self.database_max_connections)
+            .field("database_migrate", &self.database_migrate)
             .field("nats_url", &redact_url(&self.nats_url))
             .field("listen_addr", &self.listen_addr)
             .field("stream", &self.stream)
@@ -150,6 +154,7 @@ impl Common {
         let common = Self {
             database_url: string("DATABASE_URL", database),
             database_max_connections: parse("DATABASE_MAX_CONNECTIONS", 10)?,
+            database_migrate: parse("DATABASE_MIGRATE", true)?,
             nats_url: string("NATS_URL", "nats://127.0.0.1:4222"),
             listen_addr: string("LISTEN_ADDR", listen_addr),
             stream: nats_name("NATS_STREAM", "ORDERS")?,

@@ -16,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
 use tower_http::trace::TraceLayer;
 use utoipa::ToSchema;
+use utoipa::openapi::{ContentBuilder, OpenApi, Ref, ResponseBuilder};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 use utoipa_swagger_ui::SwaggerUi;
@@ -58,10 +59,66 @@ async fn overloaded(error: tower::BoxError) -> ApiError {
     }
 }
 
+/// The OpenAPI document of `router`, with the answers every route can give.
+pub fn openapi<S>(router: OpenApiRouter<S>) -> OpenApi
+where
+    S: Clone + Send + Sync + 'static,
+{
+    with_common_responses(router.into_openapi())
+}
+
+/// Documents, on every operation, the answers the middleware stack and the extractors give
+/// whatever the handler: 400 for a path or query that cannot be parsed, 503 when overloaded
+/// or a dependency is down, and 413/415 where a body is taken.
+fn with_common_responses(mut api: OpenApi) -> OpenApi {
+    let problem = |description: &str| {
+        ResponseBuilder::new()
+            .description(description)
+            .content(
+                problem::CONTENT_TYPE,
+                ContentBuilder::new()
+                    .schema(Some(Ref::from_schema_name("Problem")))
+                    .build(),
+            )
+            .build()
+    };
+    for item in api.paths.paths.values_mut() {
+        let operations = [
+            &mut item.get,
+            &mut item.put,
+            &mut item.post,
+            &mut item.delete,
+            &mut item.patch,
+        ];
+        for operation in operations.into_iter().flatten() {
+            let mut common = vec![
+                ("400", "The path, query or body cannot be parsed"),
+                (
+                    "503",
+                    "Overloaded, or a dependency is unreachable; retry later",
+                ),
+            ];
+            if operation.request_body.is_some() {
+                common.push(("413", "The body is larger than 64 KiB"));
+                common.push(("415", "The body is not application/json"));
+            }
+            for (status, description) in common {
+                operation
+                    .responses
+                    .responses
+                    .entry(status.to_owned())
+                    .or_insert_with(|| problem(description).into());
+            }
+        }
+    }
+    api
+}
+
 /// Adds `/openapi.json`, `/docs`, the problem+json fallbacks and the middleware stack.
 pub fn finish(router: OpenApiRouter, limits: Limits) -> Router {
     crate::metrics::handle();
     let (router, api) = router.split_for_parts();
+    let api = with_common_responses(api);
     router
         .merge(SwaggerUi::new("/docs").url("/openapi.json", api))
         .fallback(problem::not_found)

@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use anyhow::Context as _;
+use sqlx::migrate::Migrator;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions as _, PgPool};
 
@@ -11,17 +12,57 @@ pub async fn connect_db(url: &str, max_connections: u32) -> anyhow::Result<PgPoo
     let options: PgConnectOptions = url
         .parse()
         .context("DATABASE_URL is not a valid PostgreSQL URL")?;
-    create_database_if_missing(&options).await?;
-    PgPoolOptions::new()
+    let pool = PgPoolOptions::new()
         .max_connections(max_connections)
-        .acquire_timeout(Duration::from_secs(5))
-        .connect_with(options)
-        .await
-        .context("cannot connect to DATABASE_URL")
+        .acquire_timeout(Duration::from_secs(5));
+    // Connect first: a least-privileged role may not look at other databases, and only a
+    // database that does not exist needs the server's `postgres` database.
+    match pool.clone().connect_with(options.clone()).await {
+        Err(e) if sql_state(&e).as_deref() == Some("3D000") => {
+            create_database(&options).await?;
+            pool.connect_with(options).await
+        }
+        connected => connected,
+    }
+    .context("cannot connect to DATABASE_URL")
+}
+
+/// The SQLSTATE of a database error.
+fn sql_state(error: &sqlx::Error) -> Option<String> {
+    error
+        .as_database_error()
+        .and_then(sqlx::error::DatabaseError::code)
+        .map(std::borrow::Cow::into_owned)
+}
+
+/// Applies `migrations` when `apply`, else checks they were applied (by an owner role): a
+/// service running as a role that may not change the schema stops at start-up, saying so.
+pub async fn prepare_schema(
+    pool: &PgPool,
+    apply: bool,
+    migrations: Vec<(&'static str, Migrator)>,
+) -> anyhow::Result<()> {
+    for (name, migrator) in migrations {
+        if apply {
+            outbox_core::migrate::run(migrator, pool)
+                .await
+                .with_context(|| format!("{name} migrations failed"))?;
+        } else {
+            outbox_core::migrate::verify(&migrator, pool)
+                .await
+                .with_context(|| {
+                    format!(
+                        "DATABASE_MIGRATE=false but the {name} migrations are not all applied; \
+                         apply them as the database owner (DATABASE_MIGRATE=true)"
+                    )
+                })?;
+        }
+    }
+    Ok(())
 }
 
 /// Creates the database named in `options` through the server's `postgres` database.
-async fn create_database_if_missing(options: &PgConnectOptions) -> anyhow::Result<()> {
+async fn create_database(options: &PgConnectOptions) -> anyhow::Result<()> {
     let Some(name) = options.get_database().map(str::to_owned) else {
         return Ok(());
     };
@@ -31,27 +72,15 @@ async fn create_database_if_missing(options: &PgConnectOptions) -> anyhow::Resul
         .connect()
         .await
         .context("cannot connect to the PostgreSQL server of DATABASE_URL")?;
-    let exists = sqlx::query_scalar!(
-        r#"SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1) AS "exists!""#,
-        name
-    )
-    .fetch_one(&mut admin)
-    .await?;
-    if !exists {
-        let sql = format!(r#"CREATE DATABASE "{}""#, name.replace('"', "\"\""));
-        match sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
-            .execute(&mut admin)
-            .await
-        {
-            Ok(_) => tracing::info!(database = %name, "created database"),
-            // Another instance created it at the same moment.
-            Err(e)
-                if e.as_database_error()
-                    .and_then(sqlx::error::DatabaseError::code)
-                    .as_deref()
-                    == Some("42P04") => {}
-            Err(e) => return Err(e).context(format!("cannot create database {name}")),
-        }
+    let sql = format!(r#"CREATE DATABASE "{}""#, name.replace('"', "\"\""));
+    match sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+        .execute(&mut admin)
+        .await
+    {
+        Ok(_) => tracing::info!(database = %name, "created database"),
+        // Another instance created it at the same moment.
+        Err(e) if sql_state(&e).as_deref() == Some("42P04") => {}
+        Err(e) => return Err(e).context(format!("cannot create database {name}")),
     }
     Ok(())
 }

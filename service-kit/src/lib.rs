@@ -8,6 +8,7 @@
 //!   readiness, `/openapi.json` and `/docs`, serving with graceful shutdown;
 //! - [`infra`]: database creation and connection, NATS connection, stream set-up;
 //! - [`metrics`]: the Prometheus recorder and per-route HTTP metrics;
+//! - [`ops`]: the `/ops` page (live counts, dead letters with their admin actions);
 //! - [`pagination`]: opaque cursors for newest-first lists;
 //! - `testing` (feature `testing`): unique names and bounded waits for tests.
 
@@ -16,6 +17,7 @@ pub mod config;
 pub mod http;
 pub mod infra;
 pub mod metrics;
+pub mod ops;
 pub mod pagination;
 pub mod problem;
 pub mod telemetry;

@@ -4,6 +4,7 @@ use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
+use utoipa::IntoParams;
 
 use crate::ApiError;
 
@@ -35,6 +36,18 @@ impl Cursor {
             .and_then(|bytes| serde_json::from_slice(&bytes).ok())
             .ok_or_else(|| ApiError::validation("cursor", "not a cursor returned by this API"))
     }
+}
+
+/// The query of a paged list.
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct PageParams {
+    /// Items per page, 1-200 (default 50).
+    #[param(minimum = 1, maximum = 200)]
+    pub limit: Option<i64>,
+    /// `nextCursor` of the previous page.
+    pub cursor: Option<String>,
 }
 
 /// The page size asked for, checked against the bounds.

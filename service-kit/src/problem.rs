@@ -15,6 +15,9 @@ use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use utoipa::ToSchema;
 
+/// The media type of problem bodies.
+pub const CONTENT_TYPE: &str = "application/problem+json";
+
 /// The problem+json body.
 #[derive(Debug, Clone, Serialize, ToSchema)]
 #[schema(example = json!({
@@ -142,12 +145,8 @@ impl ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let body = serde_json::to_vec(&self.problem()).unwrap_or_default();
-        let mut response = (
-            self.status,
-            [(header::CONTENT_TYPE, "application/problem+json")],
-            body,
-        )
-            .into_response();
+        let mut response =
+            (self.status, [(header::CONTENT_TYPE, CONTENT_TYPE)], body).into_response();
         if let Some(cause) = self.cause {
             response
                 .extensions_mut()

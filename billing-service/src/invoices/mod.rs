@@ -109,6 +109,7 @@ struct ListParams {
     /// Only the invoice of this order.
     order_id: Option<String>,
     /// Items per page, 1-200 (default 50).
+    #[param(minimum = 1, maximum = 200)]
     limit: Option<i64>,
     /// `nextCursor` of the previous page.
     cursor: Option<String>,

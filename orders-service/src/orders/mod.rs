@@ -9,11 +9,11 @@ use chrono::{DateTime, Utc};
 use outbox_core::NewEvent;
 use serde::{Deserialize, Serialize};
 use service_kit::http::TraceParent;
-use service_kit::pagination::{self, Cursor};
+use service_kit::pagination::{self, Cursor, PageParams};
 use service_kit::problem::Problem;
 use service_kit::{ApiError, Json, Path, Query};
 use sqlx::PgPool;
-use utoipa::{IntoParams, ToSchema};
+use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
@@ -68,11 +68,37 @@ pub struct Order {
 pub struct NewOrder {
     /// Optional client-chosen id (1-128 of `[A-Za-z0-9_:@-]`); repeating a request with the
     /// same id and body is safe. The server makes a UUIDv7 when absent.
+    #[schema(min_length = 1, max_length = 128, pattern = r"^[A-Za-z0-9_:@-]+$")]
     pub id: Option<String>,
     /// Who orders: 1-200 characters, no control characters.
+    #[schema(
+        min_length = 1,
+        max_length = 200,
+        pattern = r"^[^\x00-\x1f\x7f-\x9f]+$"
+    )]
     pub customer: String,
-    /// Total in minor units: 1 to 10^18.
+    /// Total in minor units: 1 to 10^15.
+    #[schema(minimum = 1, maximum = 1_000_000_000_000_000_i64)]
+    #[serde(deserialize_with = "integral")]
     pub total_minor: i64,
+}
+
+/// Reads an integer that may be written with a zero fraction (`1999.0`): JSON, and JSON
+/// Schema's `integer`, do not tell the two apart.
+fn integral<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<i64, D::Error> {
+    // Every integer below 2^53 has an exact f64; beyond, a fraction could hide in rounding.
+    const EXACT: f64 = 9_007_199_254_740_992.0;
+    let number = serde_json::Number::deserialize(deserializer)?;
+    if let Some(n) = number.as_i64() {
+        return Ok(n);
+    }
+    match number.as_f64() {
+        #[allow(clippy::cast_possible_truncation)]
+        Some(x) if x.fract() == 0.0 && x.abs() < EXACT => Ok(x as i64),
+        _ => Err(serde::de::Error::custom(format!(
+            "expected an integer, got {number}"
+        ))),
+    }
 }
 
 /// A [`NewOrder`] that passed validation.
@@ -246,17 +272,6 @@ async fn place_order(
         .into_response())
 }
 
-/// Page parameters.
-#[derive(Debug, Deserialize, IntoParams)]
-#[serde(deny_unknown_fields)]
-#[into_params(parameter_in = Query)]
-struct ListParams {
-    /// Items per page, 1-200 (default 50).
-    limit: Option<i64>,
-    /// `nextCursor` of the previous page.
-    cursor: Option<String>,
-}
-
 /// A page of orders, newest first.
 #[derive(Debug, Serialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
@@ -267,14 +282,14 @@ struct OrderPage {
 }
 
 /// Lists orders, newest first.
-#[utoipa::path(get, path = "/orders", tag = "orders", params(ListParams), responses(
+#[utoipa::path(get, path = "/orders", tag = "orders", params(PageParams), responses(
     (status = 200, description = "A page of orders", body = OrderPage),
     (status = 422, description = "Bad limit or cursor", body = Problem,
         content_type = "application/problem+json"),
 ))]
 async fn list_orders(
     State(state): State<AppState>,
-    Query(params): Query<ListParams>,
+    Query(params): Query<PageParams>,
 ) -> Result<Json<OrderPage>, ApiError> {
     let limit = pagination::limit(params.limit)?;
     let after = params.cursor.as_deref().map(Cursor::decode).transpose()?;
@@ -291,7 +306,8 @@ async fn list_orders(
 
 /// Reads one order.
 #[utoipa::path(get, path = "/orders/{id}", tag = "orders",
-    params(("id" = String, Path, description = "Order id")), responses(
+    params(("id" = String, Path, description = "Order id",
+        min_length = 1, max_length = 128, pattern = r"^[A-Za-z0-9_:@-]+$")), responses(
     (status = 200, description = "The order", body = Order),
     (status = 404, description = "No such order", body = Problem,
         content_type = "application/problem+json"),
@@ -308,7 +324,8 @@ async fn get_order(
 
 /// Marks a placed order paid and emits `OrderPaid`.
 #[utoipa::path(post, path = "/orders/{id}/pay", tag = "orders",
-    params(("id" = String, Path, description = "Order id")), responses(
+    params(("id" = String, Path, description = "Order id",
+        min_length = 1, max_length = 128, pattern = r"^[A-Za-z0-9_:@-]+$")), responses(
     (status = 200, description = "Paid", body = Order),
     (status = 404, description = "No such order", body = Problem,
         content_type = "application/problem+json"),
@@ -334,7 +351,8 @@ async fn pay_order(
 
 /// Marks a paid order shipped and emits `OrderShipped`.
 #[utoipa::path(post, path = "/orders/{id}/ship", tag = "orders",
-    params(("id" = String, Path, description = "Order id")), responses(
+    params(("id" = String, Path, description = "Order id",
+        min_length = 1, max_length = 128, pattern = r"^[A-Za-z0-9_:@-]+$")), responses(
     (status = 200, description = "Shipped", body = Order),
     (status = 404, description = "No such order", body = Problem,
         content_type = "application/problem+json"),
@@ -372,6 +390,22 @@ mod tests {
 
     fn field(order: NewOrder) -> Option<String> {
         order.validate().unwrap_err().problem().field
+    }
+
+    #[test]
+    fn total_may_be_written_with_a_zero_fraction_but_not_a_real_one() {
+        let total = |json: &str| {
+            serde_json::from_str::<NewOrder>(&format!(
+                r#"{{"customer": "ada", "totalMinor": {json}}}"#
+            ))
+            .map(|order| order.total_minor)
+        };
+        assert_eq!(total("1999").unwrap(), 1999);
+        assert_eq!(total("1999.0").unwrap(), 1999);
+        assert_eq!(total("-5.0").unwrap(), -5, "range is validation's job");
+        assert!(total("1999.5").is_err());
+        assert!(total("1e300").is_err());
+        assert!(total("\"1999\"").is_err());
     }
 
     #[test]

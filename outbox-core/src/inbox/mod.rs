@@ -45,7 +45,7 @@ pub struct InboxStats {
     pub processed: i64,
     /// Deliveries recognised as duplicates of processed messages.
     pub duplicate: i64,
-    /// Dead letters not yet retried.
+    /// Dead letters neither applied nor skipped yet.
     pub dead: i64,
 }
 
@@ -139,7 +139,7 @@ impl Inbox {
         Ok(id)
     }
 
-    /// Lists dead letters not yet retried, after `after_id`, at most `limit`.
+    /// Lists open dead letters, after `after_id`, at most `limit`.
     pub async fn dead(&self, after_id: i64, limit: i64) -> Result<Vec<DeadLetter>, Error> {
         Ok(storage::dead(&self.pool, &self.consumer, after_id, limit).await?)
     }
@@ -151,7 +151,13 @@ impl Inbox {
 
     /// Closes a dead letter once its replay succeeded; false if it was not open.
     pub async fn close_dead_letter(&self, id: i64) -> Result<bool, Error> {
-        Ok(storage::close_dead(&self.pool, &self.consumer, id).await?)
+        Ok(storage::close_dead(&self.pool, &self.consumer, id, "applied").await?)
+    }
+
+    /// Gives up on a dead letter without applying it: it stays recorded as skipped; false if
+    /// it was not open.
+    pub async fn skip_dead_letter(&self, id: i64) -> Result<bool, Error> {
+        Ok(storage::close_dead(&self.pool, &self.consumer, id, "skipped").await?)
     }
 
     /// Reads the current [`InboxStats`].

@@ -62,7 +62,7 @@ pub(crate) async fn dead(
         r#"
         SELECT id, message_id, subject, headers, payload, error, deliveries, created_at
         FROM inbox_dead
-        WHERE consumer = $1 AND retried_at IS NULL AND id > $2
+        WHERE consumer = $1 AND closed_at IS NULL AND id > $2
         ORDER BY id
         LIMIT $3
         "#,
@@ -85,7 +85,7 @@ pub(crate) async fn find_dead(
         r#"
         SELECT id, message_id, subject, headers, payload, error, deliveries, created_at
         FROM inbox_dead
-        WHERE consumer = $1 AND id = $2 AND retried_at IS NULL
+        WHERE consumer = $1 AND id = $2 AND closed_at IS NULL
         "#,
         consumer,
         id,
@@ -94,12 +94,21 @@ pub(crate) async fn find_dead(
     .await
 }
 
-/// Closes dead letter `id` after a successful retry; false if it was not open.
-pub(crate) async fn close_dead(pool: &PgPool, consumer: &str, id: i64) -> sqlx::Result<bool> {
+/// Closes open dead letter `id` with `resolution` (`applied` or `skipped`); false if it was not open.
+pub(crate) async fn close_dead(
+    pool: &PgPool,
+    consumer: &str,
+    id: i64,
+    resolution: &str,
+) -> sqlx::Result<bool> {
     let result = sqlx::query!(
-        "UPDATE inbox_dead SET retried_at = now() WHERE consumer = $1 AND id = $2 AND retried_at IS NULL",
+        r#"
+        UPDATE inbox_dead SET closed_at = now(), resolution = $3
+        WHERE consumer = $1 AND id = $2 AND closed_at IS NULL
+        "#,
         consumer,
         id,
+        resolution,
     )
     .execute(pool)
     .await?;
@@ -115,7 +124,7 @@ pub(crate) async fn stats(pool: &PgPool, consumer: &str) -> sqlx::Result<InboxSt
             (SELECT count(*) FROM inbox WHERE consumer = $1) AS "processed!",
             (SELECT COALESCE(sum(duplicates), 0)::bigint FROM inbox WHERE consumer = $1)
                 AS "duplicate!",
-            (SELECT count(*) FROM inbox_dead WHERE consumer = $1 AND retried_at IS NULL)
+            (SELECT count(*) FROM inbox_dead WHERE consumer = $1 AND closed_at IS NULL)
                 AS "dead!"
         "#,
         consumer,

@@ -1,0 +1,15 @@
+-- The role orders-service runs as: no superuser, no schema changes, only the rows it works on.
+--
+-- Run in the orders database as a superuser (or as a role with CREATEROLE that owns the
+-- tables), after the migrations were applied by the owner (orders-service started once with the
+-- owner's DATABASE_URL and DATABASE_MIGRATE=true). Then set a password:
+--   ALTER ROLE orders_app PASSWORD '…';
+-- and run orders-service with DATABASE_URL=postgres://orders_app:…@host/orders and
+-- DATABASE_MIGRATE=false. e2e/tests/least_privilege.rs runs the service with exactly these grants.
+CREATE ROLE orders_app LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS;
+GRANT USAGE ON SCHEMA public TO orders_app;
+GRANT SELECT, INSERT, UPDATE ON orders TO orders_app;
+-- DELETE: the cleanup task removes published events after OUTBOX_RETENTION_MS.
+GRANT SELECT, INSERT, UPDATE, DELETE ON outbox TO orders_app;
+-- Read only: start-up checks that every migration was applied.
+GRANT SELECT ON _sqlx_migrations TO orders_app;

@@ -1,0 +1,193 @@
+//! The `/ops` pages in a real browser: Debian's Chromium driven by playwright-core
+//! (`e2e/browser/ops-page.mjs`) clicks an admin action on a dead letter, and the test checks
+//! the action's effect in the database and on the stream.
+//!
+//! Needs `node`, `/usr/bin/chromium` (or `CHROMIUM_PATH`) and `npm ci` run in `e2e/browser`
+//! (`scripts/test` does that). Without them the tests say so and pass, except under `CI`,
+//! where they fail.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use async_nats::jetstream;
+use e2e::{Names, RunningApp, eventually};
+use serde_json::{Value, json};
+use service_kit::testing;
+
+const TOKEN: &str = "ops-page-token";
+const WAIT: Duration = Duration::from_secs(30);
+
+/// The browser-test folder, or why the browser tests cannot run here.
+fn browser_setup() -> Result<PathBuf, String> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("browser");
+    let chromium = std::env::var("CHROMIUM_PATH").unwrap_or_else(|_| "/usr/bin/chromium".into());
+    if !Path::new(&chromium).exists() {
+        return Err(format!(
+            "no Chromium at {chromium} (apt-get install chromium)"
+        ));
+    }
+    if !dir.join("node_modules/playwright-core").exists() {
+        return Err(format!(
+            "playwright-core missing (npm ci --prefix {})",
+            dir.display()
+        ));
+    }
+    if std::process::Command::new("node")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        return Err("node is not installed".into());
+    }
+    Ok(dir)
+}
+
+/// Runs the browser script against `url`; `None` when the browser tests cannot run here.
+async fn drive_ops_page(url: &str, dead_id: &str, action: &str) -> Option<()> {
+    let dir = match browser_setup() {
+        Ok(dir) => dir,
+        Err(reason) if std::env::var_os("CI").is_some() => panic!("browser test: {reason}"),
+        Err(reason) => {
+            eprintln!("SKIPPED the browser part of this test: {reason}");
+            return None;
+        }
+    };
+    let output = tokio::process::Command::new("node")
+        .arg("ops-page.mjs")
+        .current_dir(dir)
+        .env("OPS_URL", url)
+        .env("ADMIN_TOKEN", TOKEN)
+        .env("DEAD_ID", dead_id)
+        .env("ACTION", action)
+        .output()
+        .await
+        .expect("node runs");
+    assert!(
+        output.status.success(),
+        "the ops page failed:\n{}\n{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    Some(())
+}
+
+async fn get_json(url: String) -> Value {
+    reqwest::Client::new()
+        .get(url)
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+/// An event that died while the stream was missing is published by a click on Retry.
+#[tokio::test]
+async fn orders_ops_page_retries_a_dead_event() {
+    let names = Names::unique();
+    let mut config = names.orders_config();
+    config.common.admin_token = Some(TOKEN.into());
+    config.relay.max_attempts = 1;
+    let common = config.common.clone();
+    let orders = RunningApp::orders(config).await;
+    // Without its stream, the broker has no responder for the subject: the publish fails.
+    testing::delete_stream(&names.stream).await;
+
+    let placed = reqwest::Client::new()
+        .post(format!("{}/orders", orders.url))
+        .json(&json!({"id": "o-ops-1", "customer": "ada", "totalMinor": 700}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(placed.status(), 201);
+    let dead = eventually("the dead event", WAIT, || async {
+        let page = get_json(format!("{}/outbox/dead", orders.url)).await;
+        page["items"]
+            .as_array()
+            .and_then(|items| items.first().cloned())
+    })
+    .await;
+    let event_id = dead["id"].as_str().unwrap().to_owned();
+
+    let client = async_nats::connect(testing::nats_url()).await.unwrap();
+    let js = jetstream::new(client);
+    service_kit::infra::ensure_stream(&js, &common)
+        .await
+        .unwrap();
+
+    if drive_ops_page(&orders.url, &event_id, "retry")
+        .await
+        .is_some()
+    {
+        let stream_id = eventually("the event on the stream", WAIT, || async {
+            let mut stream = js.get_stream(&names.stream).await.ok()?;
+            let state = stream.info().await.ok()?.state.clone();
+            if state.messages == 0 {
+                return None;
+            }
+            let message = stream.get_raw_message(state.first_sequence).await.ok()?;
+            let id = message.headers.get("Nats-Msg-Id")?.to_string();
+            Some(id)
+        })
+        .await;
+        assert_eq!(stream_id, event_id);
+        let status: String = sqlx::query_scalar("SELECT status FROM outbox WHERE id::text = $1")
+            .bind(&event_id)
+            .fetch_one(&orders.pool)
+            .await
+            .unwrap();
+        assert_eq!(status, "published");
+    }
+    orders.stop().await;
+    names.clean_up().await;
+}
+
+/// A message billing can never apply is closed as skipped by a click on Skip.
+#[tokio::test]
+async fn billing_ops_page_skips_a_dead_letter() {
+    let names = Names::unique();
+    let mut config = names.billing_config();
+    config.common.admin_token = Some(TOKEN.into());
+    let billing = RunningApp::billing(config).await;
+
+    let client = async_nats::connect(testing::nats_url()).await.unwrap();
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert("ce-id", "m-ops-poison");
+    headers.insert("ce-type", "OrderPlaced");
+    headers.insert("Nats-Msg-Id", "m-ops-poison");
+    jetstream::new(client)
+        .publish_with_headers(
+            format!("{}.OrderPlaced.o-ops-2", names.prefix),
+            headers,
+            "<b>not json</b>".into(),
+        )
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    let dead = eventually("the dead letter", WAIT, || async {
+        let page = get_json(format!("{}/inbox/dead", billing.url)).await;
+        page["items"]
+            .as_array()
+            .and_then(|items| items.first().cloned())
+    })
+    .await;
+    let id = dead["id"].as_i64().unwrap();
+
+    if drive_ops_page(&billing.url, &id.to_string(), "skip")
+        .await
+        .is_some()
+    {
+        let resolution: Option<String> =
+            sqlx::query_scalar("SELECT resolution FROM inbox_dead WHERE id = $1")
+                .bind(id)
+                .fetch_one(&billing.pool)
+                .await
+                .unwrap();
+        assert_eq!(resolution.as_deref(), Some("skipped"));
+    }
+    billing.stop().await;
+    names.clean_up().await;
+}

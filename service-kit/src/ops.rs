@@ -1,0 +1,162 @@
+//! `GET /ops`: a plain operations page for people without a dashboard yet.
+//!
+//! It polls the service's stats endpoint and, once an admin token is typed in, lists the dead
+//! letters with a button per admin action. It is a thin face over the JSON endpoints: the page
+//! holds no logic an operator could not run with curl. No external assets, and a strict
+//! Content-Security-Policy: scripts and styles only from the service itself.
+
+use std::sync::Arc;
+
+use axum::Extension;
+use axum::http::header::{CACHE_CONTROL, CONTENT_SECURITY_POLICY, CONTENT_TYPE};
+use axum::http::{HeaderName, HeaderValue};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use serde::Serialize;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+const PAGE: &str = include_str!("ops/page.html");
+const SCRIPT: &str = include_str!("ops/app.js");
+const STYLE: &str = include_str!("ops/app.css");
+
+const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; \
+                   base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
+
+/// What a service's ops page shows.
+#[derive(Debug, Clone, Serialize)]
+pub struct OpsPage {
+    /// The service's name, as the page title.
+    pub service: &'static str,
+    /// Path of the stats JSON (an object of numbers).
+    pub stats: &'static str,
+    /// The stats to show, in order.
+    pub tiles: &'static [Tile],
+    /// Path of the dead-letter list; an action on item `id` is `POST {dead}/{id}/{action}`.
+    pub dead: &'static str,
+    /// The columns of the dead-letter table.
+    pub columns: &'static [Column],
+    /// The admin actions offered on each dead letter.
+    pub actions: &'static [Action],
+}
+
+/// One stat of the stats JSON.
+#[derive(Debug, Clone, Serialize)]
+pub struct Tile {
+    /// Its key in the stats JSON.
+    pub key: &'static str,
+    /// What the page calls it.
+    pub label: &'static str,
+    /// Highlighted when above zero.
+    pub alert: bool,
+}
+
+/// One column of the dead-letter table.
+#[derive(Debug, Clone, Serialize)]
+pub struct Column {
+    /// Its key in a dead-letter item.
+    pub key: &'static str,
+    /// Its heading.
+    pub label: &'static str,
+}
+
+/// One admin action on a dead letter.
+#[derive(Debug, Clone, Serialize)]
+pub struct Action {
+    /// The last path segment of its endpoint.
+    pub name: &'static str,
+    /// The button's text.
+    pub label: &'static str,
+}
+
+#[derive(Clone)]
+struct Html(Arc<str>);
+
+impl OpsPage {
+    /// The page as served: the template with this page's settings.
+    fn render(&self) -> String {
+        let config = serde_json::to_string(self)
+            .expect("OpsPage serializes")
+            // Inside <script>, "</script>" must not appear; \u003c is the same JSON string.
+            .replace('<', "\\u003c");
+        PAGE.replace("{{service}}", self.service)
+            .replace("{{config}}", &config)
+    }
+
+    /// `/ops` and its script and stylesheet.
+    pub fn router<S>(&self) -> OpenApiRouter<S>
+    where
+        S: Clone + Send + Sync + 'static,
+    {
+        OpenApiRouter::new()
+            .routes(routes!(ops_page))
+            .route(
+                "/ops/app.js",
+                get(|| async { with_headers("text/javascript", SCRIPT) }),
+            )
+            .route(
+                "/ops/app.css",
+                get(|| async { with_headers("text/css", STYLE) }),
+            )
+            .layer(Extension(Html(self.render().into())))
+    }
+}
+
+/// The operations page: live outbox or inbox counts, and the dead letters with their admin
+/// actions (the admin token is typed into the page and sent as a Bearer header).
+#[utoipa::path(get, path = "/ops", tag = "operations", responses(
+    (status = 200, description = "An HTML page", body = String, content_type = "text/html"),
+))]
+async fn ops_page(Extension(Html(html)): Extension<Html>) -> Response {
+    with_headers("text/html; charset=utf-8", html.to_string())
+}
+
+fn with_headers(content_type: &'static str, body: impl IntoResponse) -> Response {
+    (
+        [
+            (CONTENT_TYPE, HeaderValue::from_static(content_type)),
+            (CONTENT_SECURITY_POLICY, HeaderValue::from_static(CSP)),
+            (CACHE_CONTROL, HeaderValue::from_static("no-cache")),
+            (
+                HeaderName::from_static("x-content-type-options"),
+                HeaderValue::from_static("nosniff"),
+            ),
+        ],
+        body,
+    )
+        .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PAGE_SETTINGS: OpsPage = OpsPage {
+        service: "test-service",
+        stats: "/x/stats",
+        tiles: &[Tile {
+            key: "dead",
+            label: "Dead </script><script>alert(1)</script>",
+            alert: true,
+        }],
+        dead: "/x/dead",
+        columns: &[],
+        actions: &[],
+    };
+
+    #[test]
+    fn settings_cannot_close_the_config_script() {
+        let html = PAGE_SETTINGS.render();
+        let config = html
+            .split_once(r#"<script type="application/json" id="ops-config">"#)
+            .and_then(|(_, rest)| rest.split_once("</script>"))
+            .map(|(config, _)| config)
+            .expect("config block");
+        let parsed: serde_json::Value = serde_json::from_str(config).expect("valid JSON");
+        assert_eq!(
+            parsed["tiles"][0]["label"],
+            "Dead </script><script>alert(1)</script>"
+        );
+        assert!(!html.contains("{{"), "every placeholder filled");
+    }
+}
