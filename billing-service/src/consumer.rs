@@ -1,7 +1,9 @@
 //! The JetStream consumer: each message through the inbox, acknowledged after commit.
 //!
-//! Rules, per message:
-//! - missing `ce-id` or `ce-type`, or a body that is not the expected JSON → dead letter, `Term`;
+//! Rules, per message (the README's table lists them with their metrics):
+//! - missing `ce-id` or `ce-type`, either of them repeated, a body over 1 MiB, or a body that is
+//!   not the expected JSON (wrong types, an `orderId` that is not a valid id, a `totalMinor`
+//!   that is not a positive 64-bit integer) → dead letter, `Term`;
 //! - an event type billing does not handle (e.g. `OrderShipped`) → acknowledged, nothing done;
 //! - applied, or recognised as a duplicate → acknowledged after the inbox commit;
 //! - not applicable yet (`OrderPaid` before `OrderPlaced`) → `Nak` with a delay, dead letter
@@ -231,13 +233,25 @@ struct OrderEvent {
     total_minor: i64,
 }
 
+/// Largest body billing reads; a larger one is dead-lettered unread.
+const MAX_BODY: usize = 1024 * 1024;
+
 /// The change a message asks for: `None` for event types billing does not handle.
 fn parse(headers: &HeaderMap, payload: &[u8]) -> Result<Option<Change>, String> {
+    // Two values of one of these would leave the message's identity or meaning ambiguous.
+    for name in ["ce-id", "ce-type"] {
+        if headers.get_all(name).count() > 1 {
+            return Err(format!("{name} appears more than once"));
+        }
+    }
     let Some(event_type) = header(headers, "ce-type") else {
         return Err("missing ce-type".into());
     };
     if !matches!(event_type, "OrderPlaced" | "OrderPaid") {
         return Ok(None);
+    }
+    if payload.len() > MAX_BODY {
+        return Err(format!("body of {} bytes is over 1 MiB", payload.len()));
     }
     let event: OrderEvent = serde_json::from_slice(payload)
         .map_err(|e| format!("invalid {event_type} payload: {e}"))?;
@@ -377,5 +391,25 @@ mod tests {
             .is_err()
         );
         assert!(parse(&HeaderMap::new(), b"{}").is_err());
+    }
+
+    #[test]
+    fn repeated_identity_headers_and_huge_bodies_are_refused() {
+        let placed = br#"{"orderId":"o1","totalMinor":5}"#;
+        for name in ["ce-id", "ce-type"] {
+            let mut twice = headers("OrderPlaced");
+            twice.append(name, "OrderPaid");
+            let error = parse(&twice, placed).unwrap_err();
+            assert!(error.contains(name), "{error}");
+        }
+        let mut huge = placed.to_vec();
+        huge.resize(MAX_BODY + 1, b' ');
+        assert!(
+            parse(&headers("OrderPlaced"), &huge)
+                .unwrap_err()
+                .contains("1 MiB")
+        );
+        // An event type billing ignores is ignored whatever its size.
+        assert_eq!(parse(&headers("OrderShipped"), &huge).unwrap(), None);
     }
 }

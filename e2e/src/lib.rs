@@ -7,8 +7,11 @@
 //! - [`proxy`]: a TCP proxy that loses the broker's replies (lost PubAcks);
 //! - [`load`]: a steady load of orders whose outcome is always known in the end;
 //! - [`checker`]: lost, duplicated, unexpected, wrongly totalled and out-of-order, after a
-//!   scenario drained.
+//!   scenario drained;
+//! - [`bench`]: the benchmark behind the README's figures (`cargo run --release -p e2e --bin
+//!   bench`).
 
+pub mod bench;
 pub mod checker;
 pub mod cluster;
 pub mod load;

@@ -1,0 +1,75 @@
+//! Relay drain: a backlog of pending events, published by 1 or more relays.
+
+use std::time::{Duration, Instant};
+
+use outbox_core::{JetStreamPublisher, Relay, RelayConfig};
+use service_kit::testing;
+use tokio_util::sync::CancellationToken;
+
+/// Fills a fresh outbox with `events` pending rows (five events per order), starts `relays`
+/// relays with the service's default settings, and returns events per second until none is
+/// pending. Fails unless the stream then holds exactly `events` messages.
+pub async fn drain(events: i64, relays: usize) -> anyhow::Result<f64> {
+    let database = testing::unique("bench_drain");
+    let stream = testing::unique("BENCH_DRAIN");
+    let prefix = stream.to_lowercase();
+    let pool =
+        service_kit::infra::connect_db(&testing::database_url(&database), 2 * relays as u32 + 2)
+            .await?;
+    orders_service::startup::migrate(&pool).await?;
+    let js = async_nats::jetstream::new(async_nats::connect(testing::nats_url()).await?);
+    super::refs::create_stream(&js, &stream, &prefix).await?;
+
+    sqlx::query(
+        "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload)
+         SELECT gen_random_uuid(), 'order', 'o' || (i % $2), 'OrderPlaced',
+                jsonb_build_object('orderId', 'o' || (i % $2), 'customer', 'bench',
+                                   'totalMinor', i, 'status', 'placed')
+         FROM generate_series(1, $1) AS i",
+    )
+    .bind(events)
+    .bind((events / 5).max(1))
+    .execute(&pool)
+    .await?;
+    sqlx::query("ANALYZE outbox").execute(&pool).await?;
+
+    let shutdown = CancellationToken::new();
+    let start = Instant::now();
+    let tasks: Vec<_> = (0..relays)
+        .map(|_| {
+            let relay = Relay::new(
+                pool.clone(),
+                JetStreamPublisher::new(js.clone()).with_timeout(Duration::from_secs(5)),
+                RelayConfig::new(prefix.clone(), "/bench"),
+            );
+            tokio::spawn(relay.run(shutdown.clone()))
+        })
+        .collect();
+    let deadline = start + Duration::from_secs(600);
+    loop {
+        let pending: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM outbox WHERE status = 'pending'")
+                .fetch_one(&pool)
+                .await?;
+        if pending == 0 {
+            break;
+        }
+        anyhow::ensure!(Instant::now() < deadline, "{pending} events still pending");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let rate = events as f64 / start.elapsed().as_secs_f64();
+    shutdown.cancel();
+    for task in tasks {
+        task.await?;
+    }
+
+    let stored = js.get_stream(&stream).await?.info().await?.state.messages;
+    pool.close().await;
+    testing::drop_database(&database).await;
+    js.delete_stream(&stream).await?;
+    anyhow::ensure!(
+        stored == events as u64,
+        "the stream holds {stored} of {events} events"
+    );
+    Ok(rate)
+}

@@ -1,0 +1,294 @@
+//! The services as processes over HTTP: maximum `POST /orders` rate, and a steady rate through
+//! both services with latency from the databases' own timestamps.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use service_kit::testing;
+use sqlx::PgPool;
+
+use crate::Names;
+use crate::process::{Kind, Service};
+
+/// Order-commit → invoice-commit latency of the steady phase, in milliseconds.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Latency {
+    /// Median.
+    pub p50: f64,
+    /// 90th percentile.
+    pub p90: f64,
+    /// 99th percentile.
+    pub p99: f64,
+    /// 99.9th percentile.
+    pub p999: f64,
+    /// Largest.
+    pub max: f64,
+    /// Mean.
+    pub mean: f64,
+}
+
+impl Latency {
+    /// Percentiles of `sorted` (ascending).
+    fn of(sorted: &[f64]) -> Self {
+        if sorted.is_empty() {
+            return Self::default();
+        }
+        let at = |q: f64| sorted[((sorted.len() - 1) as f64 * q).round() as usize];
+        Self {
+            p50: at(0.5),
+            p90: at(0.9),
+            p99: at(0.99),
+            p999: at(0.999),
+            max: sorted[sorted.len() - 1],
+            mean: sorted.iter().sum::<f64>() / sorted.len() as f64,
+        }
+    }
+}
+
+/// One second of the steady phase.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Second {
+    /// Seconds since the first order.
+    pub t: u64,
+    /// Orders committed.
+    pub accepted: u64,
+    /// Events marked published.
+    pub relayed: u64,
+    /// Invoices committed.
+    pub invoiced: u64,
+}
+
+/// The steady phase's figures.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Steady {
+    /// Orders sent.
+    pub sent: u64,
+    /// Orders not accepted (any answer but 201, or no answer).
+    pub failed: u64,
+    /// Orders committed per second.
+    pub accepted_per_sec: f64,
+    /// Events published per second.
+    pub relayed_per_sec: f64,
+    /// Invoices committed per second.
+    pub invoiced_per_sec: f64,
+    /// Order-commit → invoice-commit.
+    pub latency_ms: Latency,
+    /// Every latency, ascending, for the histogram.
+    #[serde(skip)]
+    pub latencies_ms: Vec<f64>,
+    /// Per-second counts.
+    pub timeline: Vec<Second>,
+    /// orders-service's peak resident set, MiB.
+    pub orders_peak_rss_mib: f64,
+    /// billing-service's peak resident set, MiB.
+    pub billing_peak_rss_mib: f64,
+}
+
+fn log_dir() -> PathBuf {
+    let dir = std::env::temp_dir().join(testing::unique("bench-logs"));
+    std::fs::create_dir_all(&dir).expect("log folder");
+    dir
+}
+
+fn env(names: &Names, database: &str) -> Vec<(String, String)> {
+    vec![
+        ("DATABASE_URL".into(), testing::database_url(database)),
+        ("NATS_URL".into(), testing::nats_url()),
+        ("NATS_STREAM".into(), names.stream.clone()),
+        ("NATS_SUBJECT_PREFIX".into(), names.prefix.clone()),
+    ]
+}
+
+fn order(id: Option<&str>) -> serde_json::Value {
+    serde_json::json!({"id": id, "customer": "bench", "totalMinor": 1999})
+}
+
+/// `POST /orders` from `connections` clients for `length` against orders-service (its relay
+/// running, as deployed); returns accepted orders per second.
+pub async fn max_rate(connections: usize, length: Duration) -> anyhow::Result<f64> {
+    let names = Names::unique();
+    let mut orders = Service::start(Kind::Orders, env(&names, &names.orders_db), &log_dir()).await;
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(connections)
+        .build()?;
+    let url = format!("{}/orders", orders.url);
+    let start = Instant::now();
+    let deadline = start + length;
+    let tasks: Vec<_> = (0..connections)
+        .map(|_| {
+            let (client, url) = (client.clone(), url.clone());
+            tokio::spawn(async move {
+                let (mut accepted, mut refused) = (0_u64, 0_u64);
+                while Instant::now() < deadline {
+                    match client.post(&url).json(&order(None)).send().await {
+                        Ok(r) if r.status() == reqwest::StatusCode::CREATED => accepted += 1,
+                        _ => refused += 1,
+                    }
+                }
+                (accepted, refused)
+            })
+        })
+        .collect();
+    let (mut accepted, mut refused) = (0, 0);
+    for task in tasks {
+        let (a, r) = task.await?;
+        accepted += a;
+        refused += r;
+    }
+    let rate = accepted as f64 / start.elapsed().as_secs_f64();
+    orders.terminate().await;
+    names.clean_up().await;
+    anyhow::ensure!(refused == 0, "{refused} orders were not accepted");
+    Ok(rate)
+}
+
+/// Peak resident set of process `pid` (`VmHWM`), in MiB.
+fn peak_rss_mib(pid: u32) -> f64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|status| {
+            status
+                .lines()
+                .find_map(|line| line.strip_prefix("VmHWM:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        })
+        .map_or(f64::NAN, |kib| kib / 1024.0)
+}
+
+/// Sends `rate` orders per second for `length` through both services and measures.
+pub async fn steady(rate: u32, length: Duration) -> anyhow::Result<Steady> {
+    let names = Names::unique();
+    let logs = log_dir();
+    // Billing first: it creates the stream and its durable consumer.
+    let mut billing = Service::start(Kind::Billing, env(&names, &names.billing_db), &logs).await;
+    let mut orders = Service::start(Kind::Orders, env(&names, &names.orders_db), &logs).await;
+    let client = reqwest::Client::new();
+    let url = format!("{}/orders", orders.url);
+
+    let total = (f64::from(rate) * length.as_secs_f64()) as u64;
+    let failed = Arc::new(AtomicU64::new(0));
+    let mut ticks = tokio::time::interval(Duration::from_secs_f64(1.0 / f64::from(rate)));
+    let mut sends = Vec::with_capacity(total as usize);
+    for i in 0..total {
+        ticks.tick().await;
+        let (client, url, failed) = (client.clone(), url.clone(), failed.clone());
+        sends.push(tokio::spawn(async move {
+            let answer = client
+                .post(&url)
+                .json(&order(Some(&format!("s{i}"))))
+                .send();
+            if !matches!(answer.await, Ok(r) if r.status() == reqwest::StatusCode::CREATED) {
+                failed.fetch_add(1, Ordering::Relaxed);
+            }
+        }));
+    }
+    futures::future::join_all(sends).await;
+    let failed = failed.load(Ordering::Relaxed);
+
+    let orders_db = PgPool::connect(&testing::database_url(&names.orders_db)).await?;
+    let billing_db = PgPool::connect(&testing::database_url(&names.billing_db)).await?;
+    let accepted = total - failed;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let invoiced: i64 = sqlx::query_scalar("SELECT count(*) FROM invoices")
+            .fetch_one(&billing_db)
+            .await?;
+        if invoiced as u64 >= accepted {
+            break;
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "{invoiced} of {accepted} invoices after 60 s"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let orders_peak_rss_mib = orders.pid().map_or(f64::NAN, peak_rss_mib);
+    let billing_peak_rss_mib = billing.pid().map_or(f64::NAN, peak_rss_mib);
+
+    let mut result = measure(&orders_db, &billing_db).await?;
+    result.sent = total;
+    result.failed = failed;
+    result.orders_peak_rss_mib = orders_peak_rss_mib;
+    result.billing_peak_rss_mib = billing_peak_rss_mib;
+
+    orders_db.close().await;
+    billing_db.close().await;
+    orders.terminate().await;
+    billing.terminate().await;
+    names.clean_up().await;
+    Ok(result)
+}
+
+type Stamp = DateTime<Utc>;
+
+/// Latency and rates from the timestamps both databases took before their commits.
+async fn measure(orders_db: &PgPool, billing_db: &PgPool) -> anyhow::Result<Steady> {
+    // The outbox row is the last statement of the order's transaction, the invoice row the
+    // last of the message's: their clock_timestamp()s are taken just before each commit.
+    let placed: Vec<(String, Stamp, Option<Stamp>)> = sqlx::query_as(
+        "SELECT aggregate_id, created_at, published_at FROM outbox
+         WHERE event_type = 'OrderPlaced'",
+    )
+    .fetch_all(orders_db)
+    .await?;
+    let invoiced: HashMap<String, Stamp> =
+        sqlx::query_as::<_, (String, Stamp)>("SELECT order_id, created_at FROM invoices")
+            .fetch_all(billing_db)
+            .await?
+            .into_iter()
+            .collect();
+
+    let mut latencies: Vec<f64> = placed
+        .iter()
+        .filter_map(|(id, at, _)| {
+            let done = invoiced.get(id)?;
+            Some((*done - *at).num_microseconds()? as f64 / 1000.0)
+        })
+        .collect();
+    latencies.sort_by(f64::total_cmp);
+
+    let first = placed.iter().map(|p| p.1).min().unwrap_or_else(Utc::now);
+    let second_of = |at: Stamp| (at - first).num_milliseconds().max(0) as u64 / 1000;
+    let mut timeline: Vec<Second> = Vec::new();
+    let mut bump = |at: Stamp, field: fn(&mut Second) -> &mut u64| {
+        let t = second_of(at) as usize;
+        if timeline.len() <= t {
+            timeline.resize_with(t + 1, Second::default);
+        }
+        *field(&mut timeline[t]) += 1;
+    };
+    for (_, at, published) in &placed {
+        bump(*at, |s| &mut s.accepted);
+        if let Some(published) = published {
+            bump(*published, |s| &mut s.relayed);
+        }
+    }
+    for at in invoiced.values() {
+        bump(*at, |s| &mut s.invoiced);
+    }
+    for (t, second) in timeline.iter_mut().enumerate() {
+        second.t = t as u64;
+    }
+
+    let per_sec = |stamps: Vec<Stamp>| {
+        let (Some(lo), Some(hi)) = (stamps.iter().min(), stamps.iter().max()) else {
+            return 0.0;
+        };
+        let span = (*hi - *lo).num_microseconds().unwrap_or(1).max(1) as f64 / 1e6;
+        stamps.len() as f64 / span
+    };
+    Ok(Steady {
+        accepted_per_sec: per_sec(placed.iter().map(|p| p.1).collect()),
+        relayed_per_sec: per_sec(placed.iter().filter_map(|p| p.2).collect()),
+        invoiced_per_sec: per_sec(invoiced.values().copied().collect()),
+        latency_ms: Latency::of(&latencies),
+        latencies_ms: latencies,
+        timeline,
+        ..Steady::default()
+    })
+}

@@ -1,0 +1,182 @@
+//! The benchmark: every figure of the quality bars, each with the machine's reference measured
+//! in the same run.
+//!
+//! - [`refs`]: raw pipelined JetStream publishing with message ids, and the order transaction
+//!   issued directly through sqlx;
+//! - [`drain`]: pre-filled pending outbox rows drained by 1 and by 4 relays;
+//! - [`http`]: `POST /orders` at maximum rate, and a steady rate through both services with
+//!   order-commit → invoice-commit latency from the databases' own timestamps and peak RSS;
+//! - [`report`]: the printed table, `results.json` and the SVG charts.
+//!
+//! Everything runs against the real PostgreSQL and nats-server (`DATABASE_URL`, `NATS_URL`),
+//! the services as the release binaries of `scripts/build-services`, each phase with its own
+//! databases and stream.
+
+pub mod drain;
+pub mod http;
+pub mod refs;
+pub mod report;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::Serialize;
+
+/// What to run, and how big.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Messages of the raw publish reference.
+    pub raw_messages: usize,
+    /// Pending rows each relay drain starts with.
+    pub drain_events: i64,
+    /// Clients of the maximum-rate phases (HTTP and direct sqlx).
+    pub connections: usize,
+    /// Length of each maximum-rate phase.
+    pub max_rate_for: Duration,
+    /// Orders per second of the steady phase.
+    pub steady_rate: u32,
+    /// Length of the steady phase.
+    pub steady_for: Duration,
+    /// Where results go (a folder per run is made inside).
+    pub out: PathBuf,
+}
+
+impl Options {
+    /// The full benchmark, as the README's figures are measured.
+    pub fn full(out: PathBuf) -> Self {
+        Self {
+            raw_messages: 200_000,
+            drain_events: 200_000,
+            connections: 16,
+            max_rate_for: Duration::from_secs(10),
+            steady_rate: 500,
+            steady_for: Duration::from_secs(60),
+            out,
+        }
+    }
+
+    /// A few seconds in all: proves the benchmark still works (CI runs it).
+    pub fn smoke(out: PathBuf) -> Self {
+        Self {
+            raw_messages: 5_000,
+            drain_events: 5_000,
+            connections: 4,
+            max_rate_for: Duration::from_secs(1),
+            steady_rate: 100,
+            steady_for: Duration::from_secs(2),
+            out,
+        }
+    }
+}
+
+/// Every figure of one run.
+#[derive(Debug, Clone, Serialize)]
+pub struct Results {
+    /// When the run started (UTC, RFC 3339).
+    pub started_at: String,
+    /// Sizes used.
+    pub settings: Settings,
+    /// Raw pipelined JetStream publishes with message ids, per second.
+    pub raw_publish_per_sec: f64,
+    /// Relay drain with one relay, events per second.
+    pub drain_1_relay_per_sec: f64,
+    /// Relay drain with four relays, events per second.
+    pub drain_4_relays_per_sec: f64,
+    /// The order transaction directly through sqlx, per second.
+    pub direct_sqlx_per_sec: f64,
+    /// `POST /orders` at maximum rate, accepted per second.
+    pub http_orders_per_sec: f64,
+    /// The steady phase.
+    pub steady: http::Steady,
+}
+
+/// The sizes of a run, recorded with its results.
+#[derive(Debug, Clone, Serialize)]
+pub struct Settings {
+    /// See [`Options::raw_messages`].
+    pub raw_messages: usize,
+    /// See [`Options::drain_events`].
+    pub drain_events: i64,
+    /// See [`Options::connections`].
+    pub connections: usize,
+    /// See [`Options::max_rate_for`], in seconds.
+    pub max_rate_secs: f64,
+    /// See [`Options::steady_rate`].
+    pub steady_rate: u32,
+    /// See [`Options::steady_for`], in seconds.
+    pub steady_secs: f64,
+}
+
+/// Prints a progress line.
+pub fn progress(what: &str) {
+    eprintln!("[bench] {what}");
+}
+
+/// Runs every phase, then writes and prints the report; returns the results folder.
+pub async fn run(options: &Options) -> anyhow::Result<PathBuf> {
+    let started_at = chrono::Utc::now();
+    progress("building the service binaries (scripts/build-services)");
+    crate::process::binary("orders-service");
+
+    progress(&format!(
+        "raw JetStream publishing: {} messages",
+        options.raw_messages
+    ));
+    let raw_publish_per_sec = refs::raw_publish(options.raw_messages).await?;
+    progress(&format!("  {raw_publish_per_sec:.0} msgs/s"));
+
+    let mut drains = Vec::new();
+    for relays in [1, 4] {
+        progress(&format!(
+            "relay drain: {} pending events, {relays} relay(s)",
+            options.drain_events
+        ));
+        let rate = drain::drain(options.drain_events, relays).await?;
+        progress(&format!("  {rate:.0} events/s"));
+        drains.push(rate);
+    }
+
+    progress(&format!(
+        "order transaction directly through sqlx: {} clients for {:?}",
+        options.connections, options.max_rate_for
+    ));
+    let direct_sqlx_per_sec = refs::direct_sqlx(options.connections, options.max_rate_for).await?;
+    progress(&format!("  {direct_sqlx_per_sec:.0} tx/s"));
+
+    progress(&format!(
+        "POST /orders at maximum rate: {} connections for {:?}",
+        options.connections, options.max_rate_for
+    ));
+    let http_orders_per_sec = http::max_rate(options.connections, options.max_rate_for).await?;
+    progress(&format!("  {http_orders_per_sec:.0} orders/s"));
+
+    progress(&format!(
+        "steady load through both services: {} orders/s for {:?}",
+        options.steady_rate, options.steady_for
+    ));
+    let steady = http::steady(options.steady_rate, options.steady_for).await?;
+
+    let results = Results {
+        started_at: started_at.to_rfc3339(),
+        settings: Settings {
+            raw_messages: options.raw_messages,
+            drain_events: options.drain_events,
+            connections: options.connections,
+            max_rate_secs: options.max_rate_for.as_secs_f64(),
+            steady_rate: options.steady_rate,
+            steady_secs: options.steady_for.as_secs_f64(),
+        },
+        raw_publish_per_sec,
+        drain_1_relay_per_sec: drains[0],
+        drain_4_relays_per_sec: drains[1],
+        direct_sqlx_per_sec,
+        http_orders_per_sec,
+        steady,
+    };
+    let dir = options
+        .out
+        .join(started_at.format("%Y%m%dT%H%M%SZ").to_string());
+    report::write(&results, &dir)?;
+    report::print(&results);
+    Ok(dir)
+}
