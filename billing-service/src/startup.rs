@@ -89,7 +89,12 @@ impl App {
         let pool = infra::connect_db(&common.database_url, common.database_max_connections).await?;
         infra::prepare_schema(&pool, common.database_migrate, migrations()).await?;
 
-        let nats = infra::connect_nats(&common.nats_url, "billing-service").await?;
+        let nats = infra::connect_nats_with(
+            &common.nats_url,
+            "billing-service",
+            &infra::NatsSecurity::from(common),
+        )
+        .await?;
         let jetstream = async_nats::jetstream::new(nats.clone());
         infra::ensure_stream(&jetstream, common).await?;
         let durable = consumer::durable(

@@ -43,6 +43,8 @@ pub struct NatsServer {
     pub port: u16,
     /// User and password clients must present, when the server requires them.
     pub credentials: Option<(String, String)>,
+    /// Its TLS files, when it requires TLS.
+    pub tls: Option<TlsFiles>,
     store: PathBuf,
     child: Option<Child>,
 }
@@ -55,11 +57,25 @@ impl NatsServer {
 
     /// Starts a server that requires `credentials` (user, password) when given.
     pub async fn start_with(dir: &Path, credentials: Option<(String, String)>) -> Self {
+        Self::launch(dir, credentials, None).await
+    }
+
+    /// Starts a server that requires TLS with the certificate of `tls`.
+    pub async fn start_tls(dir: &Path, tls: TlsFiles) -> Self {
+        Self::launch(dir, None, Some(tls)).await
+    }
+
+    async fn launch(
+        dir: &Path,
+        credentials: Option<(String, String)>,
+        tls: Option<TlsFiles>,
+    ) -> Self {
         let store = dir.join(format!("nats-{}", testing::unique("store")));
         std::fs::create_dir_all(&store).expect("store dir");
         let mut server = Self {
             port: free_port(),
             credentials,
+            tls,
             store,
             child: None,
         };
@@ -67,11 +83,25 @@ impl NatsServer {
         server
     }
 
-    /// `nats://127.0.0.1:{port}`.
+    /// `nats://127.0.0.1:{port}` (with the credentials, if any), or `tls://…` with TLS.
     pub fn url(&self) -> String {
+        let scheme = if self.tls.is_some() { "tls" } else { "nats" };
         match &self.credentials {
-            Some((user, password)) => format!("nats://{user}:{password}@127.0.0.1:{}", self.port),
-            None => format!("nats://127.0.0.1:{}", self.port),
+            Some((user, password)) => {
+                format!("{scheme}://{user}:{password}@127.0.0.1:{}", self.port)
+            }
+            None => format!("{scheme}://127.0.0.1:{}", self.port),
+        }
+    }
+
+    /// What a client needs besides the URL: the CA to trust, with TLS.
+    pub fn security(&self) -> service_kit::infra::NatsSecurity {
+        service_kit::infra::NatsSecurity {
+            tls_ca_file: self
+                .tls
+                .as_ref()
+                .map(|tls| tls.ca.to_string_lossy().into_owned()),
+            ..Default::default()
         }
     }
 
@@ -103,20 +133,29 @@ impl NatsServer {
                     password.clone(),
                 ]
             }))
+            .args(self.tls.iter().flat_map(|tls| {
+                [
+                    "--tls".into(),
+                    "--tlscert".into(),
+                    tls.cert.clone().into_os_string(),
+                    "--tlskey".into(),
+                    tls.key.clone().into_os_string(),
+                ]
+            }))
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .kill_on_drop(true)
             .spawn()
             .expect("nats-server starts");
         self.child = Some(child);
-        let url = self.url();
+        let (url, security) = (self.url(), self.security());
         eventually(
             "nats-server to accept connections",
             Duration::from_secs(20),
             || {
-                let url = url.clone();
+                let (url, security) = (url.clone(), security.clone());
                 async move {
-                    service_kit::infra::connect_nats(&url, "e2e")
+                    service_kit::infra::connect_nats_with(&url, "e2e", &security)
                         .await
                         .ok()
                         .map(drop)
@@ -147,6 +186,80 @@ pub enum Kind {
     Orders,
     /// billing-service.
     Billing,
+}
+
+/// A CA and a server certificate for 127.0.0.1 that it signed, as PEM files.
+#[derive(Debug, Clone)]
+pub struct TlsFiles {
+    /// The CA's certificate: what clients trust.
+    pub ca: PathBuf,
+    /// The server's certificate.
+    pub cert: PathBuf,
+    /// The server's private key.
+    pub key: PathBuf,
+}
+
+impl TlsFiles {
+    /// Makes a fresh CA and server certificate in `dir` with the `openssl` command.
+    pub fn generate(dir: &Path) -> Self {
+        std::fs::create_dir_all(dir).expect("TLS folder");
+        let openssl = |args: &[&str]| {
+            let status = std::process::Command::new("openssl")
+                .args(args)
+                .current_dir(dir)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .expect("openssl runs");
+            assert!(status.success(), "openssl {args:?} failed");
+        };
+        let ec = [
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+        ];
+        openssl(
+            &[
+                &["req", "-x509", "-days", "1", "-subj", "/CN=e2e test CA"][..],
+                &ec,
+                &["-keyout", "ca.key", "-out", "ca.pem"],
+            ]
+            .concat(),
+        );
+        openssl(
+            &[
+                &["req", "-subj", "/CN=127.0.0.1"][..],
+                &ec,
+                &["-keyout", "server.key", "-out", "server.csr"],
+            ]
+            .concat(),
+        );
+        std::fs::write(dir.join("san.ext"), "subjectAltName=IP:127.0.0.1\n").expect("ext file");
+        openssl(&[
+            "x509",
+            "-req",
+            "-days",
+            "1",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-extfile",
+            "san.ext",
+            "-out",
+            "server.pem",
+        ]);
+        Self {
+            ca: dir.join("ca.pem"),
+            cert: dir.join("server.pem"),
+            key: dir.join("server.key"),
+        }
+    }
 }
 
 /// A service binary running as its own process.

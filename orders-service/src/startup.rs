@@ -85,7 +85,12 @@ impl App {
         let pool = infra::connect_db(&common.database_url, common.database_max_connections).await?;
         infra::prepare_schema(&pool, common.database_migrate, migrations()).await?;
 
-        let nats = infra::connect_nats(&common.nats_url, "orders-service").await?;
+        let nats = infra::connect_nats_with(
+            &common.nats_url,
+            "orders-service",
+            &infra::NatsSecurity::from(common),
+        )
+        .await?;
         let jetstream = ContextBuilder::new()
             .timeout(config.publish_timeout)
             .build(nats.clone());

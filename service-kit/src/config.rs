@@ -91,6 +91,11 @@ pub struct Common {
     pub database_migrate: bool,
     /// `NATS_URL`.
     pub nats_url: String,
+    /// `NATS_CREDS_FILE`: a credentials file (JWT + NKey seed) to authenticate with.
+    pub nats_creds_file: Option<String>,
+    /// `NATS_TLS_CA_FILE`: PEM certificates to trust for the server's TLS certificate, besides
+    /// the system's; setting it requires TLS.
+    pub nats_tls_ca_file: Option<String>,
     /// `LISTEN_ADDR`: where the HTTP API listens (`127.0.0.1:0` picks a free port).
     pub listen_addr: String,
     /// `NATS_STREAM`: the JetStream stream of order events.
@@ -119,6 +124,8 @@ impl std::fmt::Debug for Common {
             .field("database_max_connections", &self.database_max_connections)
             .field("database_migrate", &self.database_migrate)
             .field("nats_url", &redact_url(&self.nats_url))
+            .field("nats_creds_file", &self.nats_creds_file)
+            .field("nats_tls_ca_file", &self.nats_tls_ca_file)
             .field("listen_addr", &self.listen_addr)
             .field("stream", &self.stream)
             .field("subject_prefix", &self.subject_prefix)
@@ -156,6 +163,8 @@ impl Common {
             database_max_connections: parse("DATABASE_MAX_CONNECTIONS", 10)?,
             database_migrate: parse("DATABASE_MIGRATE", true)?,
             nats_url: string("NATS_URL", "nats://127.0.0.1:4222"),
+            nats_creds_file: optional("NATS_CREDS_FILE"),
+            nats_tls_ca_file: optional("NATS_TLS_CA_FILE"),
             listen_addr: string("LISTEN_ADDR", listen_addr),
             stream: nats_name("NATS_STREAM", "ORDERS")?,
             subject_prefix: nats_name("NATS_SUBJECT_PREFIX", "orders")?,

@@ -85,11 +85,37 @@ async fn create_database(options: &PgConnectOptions) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// How to authenticate to NATS and which TLS certificates to trust, beyond the URL.
+#[derive(Debug, Clone, Default)]
+pub struct NatsSecurity {
+    /// A credentials file (JWT + NKey seed).
+    pub creds_file: Option<String>,
+    /// PEM certificates to trust for the server's TLS certificate; setting it requires TLS.
+    pub tls_ca_file: Option<String>,
+}
+
+impl From<&crate::config::Common> for NatsSecurity {
+    fn from(common: &crate::config::Common) -> Self {
+        Self {
+            creds_file: common.nats_creds_file.clone(),
+            tls_ca_file: common.nats_tls_ca_file.clone(),
+        }
+    }
+}
+
+/// Connects to NATS with nothing but what `urls` says; see [`connect_nats_with`].
+pub async fn connect_nats(urls: &str, name: &str) -> anyhow::Result<async_nats::Client> {
+    connect_nats_with(urls, name, &NatsSecurity::default()).await
+}
+
 /// Connects to NATS, failing start-up when no server is reachable. `urls` may list several
 /// servers of a cluster, separated by commas; `user:password@` or `token@` in a URL
-/// authenticates (async-nats itself ignores credentials in URLs). `NATS_CREDS_FILE`, when set,
-/// names a credentials file (JWT + NKey); a `tls://` URL requires TLS.
-pub async fn connect_nats(urls: &str, name: &str) -> anyhow::Result<async_nats::Client> {
+/// authenticates (async-nats itself ignores credentials in URLs); a `tls://` URL requires TLS.
+pub async fn connect_nats_with(
+    urls: &str,
+    name: &str,
+    security: &NatsSecurity,
+) -> anyhow::Result<async_nats::Client> {
     let servers: Vec<async_nats::ServerAddr> = urls
         .split(',')
         .map(str::trim)
@@ -107,11 +133,18 @@ pub async fn connect_nats(urls: &str, name: &str) -> anyhow::Result<async_nats::
             None => options.token(user),
         };
     }
-    if let Some(path) = crate::config::optional("NATS_CREDS_FILE") {
+    if let Some(path) = &security.creds_file {
         options = options
-            .credentials_file(&path)
+            .credentials_file(path)
             .await
             .context("cannot read NATS_CREDS_FILE")?;
+    }
+    if let Some(path) = &security.tls_ca_file {
+        anyhow::ensure!(
+            std::path::Path::new(path).is_file(),
+            "NATS_TLS_CA_FILE: no file at {path}"
+        );
+        options = options.add_root_certificates(path.into()).require_tls(true);
     }
     options
         .connect(servers)

@@ -62,7 +62,7 @@ pub(crate) async fn claim(conn: &mut PgConnection, limit: i64) -> sqlx::Result<V
         Claimed,
         r#"
         WITH claimed AS (
-            SELECT seq, aggregate_type, aggregate_id
+            SELECT seq
             FROM outbox o
             WHERE status = 'pending' AND next_attempt_at <= now()
               -- Behind a dead or failing head only the head is claimed (when due), so one
@@ -76,23 +76,19 @@ pub(crate) async fn claim(conn: &mut PgConnection, limit: i64) -> sqlx::Result<V
             ORDER BY seq
             LIMIT $1
             FOR UPDATE SKIP LOCKED
-        ),
-        barrier AS (
-            SELECT o.aggregate_type, o.aggregate_id, min(o.seq) AS seq
-            FROM outbox o
-            JOIN (SELECT DISTINCT aggregate_type, aggregate_id FROM claimed) a
-              ON a.aggregate_type = o.aggregate_type AND a.aggregate_id = o.aggregate_id
-            WHERE o.status IN ('pending', 'dead')
-              AND o.seq NOT IN (SELECT seq FROM claimed)
-            GROUP BY o.aggregate_type, o.aggregate_id
         )
         SELECT o.seq, o.id, o.aggregate_type, o.aggregate_id, o.event_type,
                o.payload::text AS "payload!", o.traceparent, o.attempts, o.created_at
         FROM outbox o
         JOIN claimed c ON c.seq = o.seq
-        LEFT JOIN barrier b
-          ON b.aggregate_type = o.aggregate_type AND b.aggregate_id = o.aggregate_id
-        WHERE b.seq IS NULL OR o.seq < b.seq
+        -- Only rows whose earlier unpublished events are all in this claim: an earlier one
+        -- locked by another relay, or dead, holds the rest of its aggregate back.
+        WHERE NOT EXISTS (
+            SELECT 1 FROM outbox p
+            WHERE p.aggregate_type = o.aggregate_type AND p.aggregate_id = o.aggregate_id
+              AND p.seq < o.seq AND p.status IN ('pending', 'dead')
+              AND NOT EXISTS (SELECT 1 FROM claimed e WHERE e.seq = p.seq)
+        )
         ORDER BY o.seq
         "#,
         limit,
