@@ -129,12 +129,15 @@ impl Consumer {
         let headers = message.headers.clone().unwrap_or_default();
         let span = tracing::info_span!(
             "message",
+            otel.name = format!("process {}", header(&headers, "ce-type").unwrap_or("message")),
+            otel.kind = "consumer",
             messaging.message.id = header(&headers, "ce-id"),
             messaging.destination.name = %message.subject,
             event.type = header(&headers, "ce-type"),
             trace_id = header(&headers, "traceparent").map(service_kit::http::trace_id),
             deliveries,
         );
+        service_kit::telemetry::continue_trace(&span, header(&headers, "traceparent"));
         let verdict = self
             .rules
             .verdict(&headers, &message.payload, deliveries)

@@ -3,7 +3,11 @@ use billing_service::{App, Config};
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let config = Config::from_env()?;
-    service_kit::telemetry::init(&config.common.log_format);
+    let _telemetry = service_kit::telemetry::init(
+        &config.common.log_format,
+        config.common.otlp.as_ref(),
+        "billing-service",
+    )?;
     App::build(config)
         .await?
         .run_until_stopped(service_kit::http::shutdown_signal())

@@ -110,6 +110,8 @@ pub struct Common {
     pub admin_token: Option<String>,
     /// `LOG_FORMAT`: `json` or `pretty`.
     pub log_format: String,
+    /// `OTEL_EXPORTER_OTLP_ENDPOINT` and friends: where spans are exported; unset exports none.
+    pub otlp: Option<Otlp>,
     /// `HTTP_TIMEOUT_MS`: a request still running after this long is answered 503.
     pub http_timeout: Duration,
     /// `HTTP_MAX_CONCURRENCY`: requests handled at once; more are shed with 503 at once.
@@ -136,6 +138,7 @@ impl std::fmt::Debug for Common {
                 &self.admin_token.as_ref().map(|_| "<redacted>"),
             )
             .field("log_format", &self.log_format)
+            .field("otlp", &self.otlp)
             .field("http_timeout", &self.http_timeout)
             .field("http_max_concurrency", &self.http_max_concurrency)
             .finish()
@@ -172,6 +175,7 @@ impl Common {
             stream_replicas: parse("NATS_STREAM_REPLICAS", 1)?,
             admin_token: optional("ADMIN_TOKEN"),
             log_format: string("LOG_FORMAT", "pretty"),
+            otlp: Otlp::from_env()?,
             http_timeout: millis("HTTP_TIMEOUT_MS", Duration::from_secs(10))?,
             http_max_concurrency: parse("HTTP_MAX_CONCURRENCY", 1024)?,
         };
@@ -201,6 +205,78 @@ impl Common {
             "must be positive",
         )?;
         Ok(common)
+    }
+}
+
+/// OTLP/HTTP span export, configured by the standard OpenTelemetry variables.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Otlp {
+    /// The traces URL: `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` as given, or
+    /// `OTEL_EXPORTER_OTLP_ENDPOINT` with `/v1/traces` appended.
+    pub endpoint: String,
+    /// `OTEL_EXPORTER_OTLP_PROTOCOL`: `http/protobuf` (default) or `http/json`.
+    pub json: bool,
+    /// `OTEL_SERVICE_NAME`, if set; otherwise the service's own name.
+    pub service_name: Option<String>,
+}
+
+impl Otlp {
+    /// Reads the exporter's variables; `None` when no endpoint is set.
+    fn from_env() -> Result<Option<Self>, ConfigError> {
+        Self::from_values(
+            optional("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"),
+            optional("OTEL_EXPORTER_OTLP_ENDPOINT"),
+            optional("OTEL_EXPORTER_OTLP_PROTOCOL").as_deref(),
+            optional("OTEL_SERVICE_NAME"),
+        )
+    }
+
+    /// The settings from the variables' values, checked.
+    fn from_values(
+        traces_endpoint: Option<String>,
+        endpoint: Option<String>,
+        protocol: Option<&str>,
+        service_name: Option<String>,
+    ) -> Result<Option<Self>, ConfigError> {
+        let (name, endpoint) = match (traces_endpoint, endpoint) {
+            (Some(url), _) => ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", url),
+            (None, Some(base)) => (
+                "OTEL_EXPORTER_OTLP_ENDPOINT",
+                format!("{}/v1/traces", base.trim_end_matches('/')),
+            ),
+            (None, None) => return Ok(None),
+        };
+        let host = endpoint
+            .strip_prefix("http://")
+            .ok_or_else(|| ConfigError {
+                name,
+                reason: format!(
+                    "{endpoint:?}: must be an http:// URL of an OTLP/HTTP receiver (port 4318); \
+                     for TLS, export to a local OpenTelemetry Collector that forwards over TLS"
+                ),
+            })?;
+        ensure(
+            name,
+            !host.is_empty() && !host.starts_with('/'),
+            "has no host",
+        )?;
+        let json = match protocol {
+            None | Some("http/protobuf") => false,
+            Some("http/json") => true,
+            Some(other) => {
+                return Err(ConfigError {
+                    name: "OTEL_EXPORTER_OTLP_PROTOCOL",
+                    reason: format!(
+                        "{other:?}: must be http/protobuf or http/json (gRPC is not built in)"
+                    ),
+                });
+            }
+        };
+        Ok(Some(Self {
+            endpoint,
+            json,
+            service_name,
+        }))
     }
 }
 
@@ -253,5 +329,39 @@ mod tests {
                 .as_secs(),
             2
         );
+    }
+
+    #[test]
+    fn otlp_is_off_without_an_endpoint_and_checked_with_one() {
+        let otlp = |traces: Option<&str>, base: Option<&str>, protocol: Option<&str>| {
+            Otlp::from_values(
+                traces.map(str::to_owned),
+                base.map(str::to_owned),
+                protocol,
+                None,
+            )
+        };
+        assert_eq!(otlp(None, None, Some("grpc")).unwrap(), None);
+        let base = otlp(None, Some("http://collector:4318/"), None)
+            .unwrap()
+            .unwrap();
+        assert_eq!(base.endpoint, "http://collector:4318/v1/traces");
+        assert!(!base.json);
+        let traces = otlp(
+            Some("http://c:4318/x"),
+            Some("http://ignored"),
+            Some("http/json"),
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(traces.endpoint, "http://c:4318/x");
+        assert!(traces.json);
+
+        let tls = otlp(None, Some("https://collector:4318"), None).unwrap_err();
+        assert_eq!(tls.name, "OTEL_EXPORTER_OTLP_ENDPOINT");
+        let no_host = otlp(Some("http:///v1/traces"), None, None).unwrap_err();
+        assert_eq!(no_host.name, "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT");
+        let grpc = otlp(None, Some("http://c:4317"), Some("grpc")).unwrap_err();
+        assert_eq!(grpc.name, "OTEL_EXPORTER_OTLP_PROTOCOL");
     }
 }

@@ -183,14 +183,18 @@ fn request_span<B>(request: &Request<B>) -> tracing::Span {
         .headers()
         .get(TRACEPARENT)
         .and_then(|v| v.to_str().ok());
-    tracing::info_span!(
+    let span = tracing::info_span!(
         "request",
+        otel.name = format!("{} {route}", request.method()),
+        otel.kind = "server",
         http.request.method = %request.method(),
         http.route = route,
         url.path = request.uri().path(),
         request_id,
         trace_id = traceparent.map(trace_id),
-    )
+    );
+    crate::telemetry::continue_trace(&span, traceparent);
+    span
 }
 
 /// Logs the cause of a 500 inside the request span; the body never carries it.
@@ -201,7 +205,8 @@ pub async fn log_failures(response: Response) -> Response {
     response
 }
 
-/// The W3C `traceparent` of the incoming request, if it sent one.
+/// The W3C `traceparent` to hand on: the request span's own when spans are exported (so the
+/// next hop is its child), else the request's.
 #[derive(Debug, Clone, Default)]
 pub struct TraceParent(pub Option<String>);
 
@@ -209,8 +214,11 @@ impl<S: Send + Sync> FromRequestParts<S> for TraceParent {
     type Rejection = Infallible;
 
     async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
-        let value = parts.headers.get(TRACEPARENT).and_then(|v| v.to_str().ok());
-        Ok(Self(value.map(str::to_owned)))
+        let value = crate::telemetry::current_traceparent().or_else(|| {
+            let header = parts.headers.get(TRACEPARENT).and_then(|v| v.to_str().ok());
+            header.map(str::to_owned)
+        });
+        Ok(Self(value))
     }
 }
 
