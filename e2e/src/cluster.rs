@@ -23,8 +23,8 @@ pub struct Cluster {
     pub names: Names,
     /// Logs and the NATS store live here.
     pub dir: PathBuf,
-    /// The scenario's own nats-server.
-    pub nats: NatsServer,
+    /// The scenario's own nats-server, or the nodes of its NATS cluster.
+    pub nats: Vec<NatsServer>,
     /// orders-service instances.
     pub orders: Vec<Service>,
     /// billing-service instances.
@@ -34,6 +34,7 @@ pub struct Cluster {
     /// The scenario's own PostgreSQL, when started with one.
     pub postgres: Option<PgServer>,
     info_logs: bool,
+    stream_replicas: usize,
     orders_pool: PgPool,
     billing_pool: PgPool,
 }
@@ -53,9 +54,13 @@ impl Cluster {
         let credentials = setup
             .nats_auth
             .then(|| ("orders-app".to_owned(), testing::unique("pw")));
-        let nats = NatsServer::start_with(&dir, credentials).await;
+        let nats = if setup.nats_cluster {
+            NatsServer::start_cluster(&dir, 3).await
+        } else {
+            vec![NatsServer::start_with(&dir, credentials).await]
+        };
         let proxy = if setup.proxy {
-            Some(Proxy::start(nats.port).await)
+            Some(Proxy::start(nats[0].port).await)
         } else {
             None
         };
@@ -75,6 +80,7 @@ impl Cluster {
             billing_pool: PgPool::connect_lazy(&url(&names.billing_db)).expect("url"),
             postgres,
             info_logs: setup.info_logs,
+            stream_replicas: nats.len(),
             names,
             dir,
             nats,
@@ -114,8 +120,9 @@ impl Cluster {
                 if self.info_logs { "info" } else { "warn" }.to_owned(),
             ),
             ("DATABASE_URL", database_url),
-            ("NATS_URL", self.nats.url()),
+            ("NATS_URL", self.nats_url()),
             ("NATS_STREAM", self.names.stream.clone()),
+            ("NATS_STREAM_REPLICAS", self.stream_replicas.to_string()),
             ("NATS_SUBJECT_PREFIX", self.names.prefix.clone()),
         ];
         match kind {
@@ -132,6 +139,30 @@ impl Cluster {
             ]),
         }
         env.into_iter().map(|(k, v)| (k.to_owned(), v)).collect()
+    }
+
+    /// Every NATS server's URL, comma-separated, as `NATS_URL` takes them.
+    pub fn nats_url(&self) -> String {
+        let urls: Vec<String> = self.nats.iter().map(NatsServer::url).collect();
+        urls.join(",")
+    }
+
+    /// The index in [`Cluster::nats`] of the server that leads the stream now.
+    pub async fn stream_leader(&self) -> usize {
+        let client = service_kit::infra::connect_nats(&self.nats_url(), "e2e")
+            .await
+            .expect("NATS");
+        let jetstream = async_nats::jetstream::new(client);
+        eventually("a stream leader", Duration::from_secs(30), || async {
+            let mut stream = jetstream.get_stream(&self.names.stream).await.ok()?;
+            let info = stream.info().await.ok()?;
+            assert_eq!(info.config.num_replicas, self.nats.len(), "stream replicas");
+            let leader = info.cluster.clone()?.leader?;
+            self.nats
+                .iter()
+                .position(|node| node.node.as_ref().is_some_and(|n| n.name == leader))
+        })
+        .await
     }
 
     /// Starts a steady load against every orders-service instance.
@@ -153,7 +184,7 @@ impl Cluster {
         let sources = Sources {
             orders: &self.orders_pool,
             billing: &self.billing_pool,
-            nats_url: self.nats.url(),
+            nats_url: self.nats_url(),
             stream: &self.names.stream,
         };
         checker::check(&sources, ledger).await
@@ -186,7 +217,9 @@ impl Cluster {
         for service in self.orders.iter_mut().chain(self.billing.iter_mut()) {
             service.kill().await;
         }
-        self.nats.kill().await;
+        for node in &mut self.nats {
+            node.kill().await;
+        }
         self.orders_pool.close().await;
         self.billing_pool.close().await;
         if self.postgres.is_none() {
@@ -211,6 +244,8 @@ pub struct Setup {
     pub info_logs: bool,
     /// nats-server requires a user and password, given to the services in `NATS_URL`.
     pub nats_auth: bool,
+    /// Three nats-servers as one JetStream cluster, and the stream with three replicas.
+    pub nats_cluster: bool,
 }
 
 /// A load in progress.

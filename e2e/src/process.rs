@@ -6,6 +6,7 @@ use std::process::Stdio;
 use std::sync::OnceLock;
 use std::time::Duration;
 
+use futures::TryStreamExt;
 use service_kit::testing::{self, eventually};
 use tokio::process::{Child, Command};
 
@@ -45,8 +46,23 @@ pub struct NatsServer {
     pub credentials: Option<(String, String)>,
     /// Its TLS files, when it requires TLS.
     pub tls: Option<TlsFiles>,
+    /// Its place in a JetStream cluster, when it is one of several nodes.
+    pub node: Option<Node>,
     store: PathBuf,
     child: Option<Child>,
+}
+
+/// One node of a JetStream cluster on loopback.
+#[derive(Debug, Clone)]
+pub struct Node {
+    /// The server's name, as stream info reports its leader.
+    pub name: String,
+    /// The cluster's name.
+    pub cluster: String,
+    /// Where it listens for routes from the other nodes.
+    pub route_port: u16,
+    /// The other nodes' route ports.
+    pub peers: Vec<u16>,
 }
 
 impl NatsServer {
@@ -65,22 +81,77 @@ impl NatsServer {
         Self::launch(dir, None, Some(tls)).await
     }
 
+    /// Starts `nodes` servers routed to each other as one JetStream cluster and waits until
+    /// JetStream answers on each of them.
+    pub async fn start_cluster(dir: &Path, nodes: usize) -> Vec<Self> {
+        let cluster = testing::unique("c");
+        let route_ports: Vec<u16> = (0..nodes).map(|_| free_port()).collect();
+        let mut servers = Vec::new();
+        for (i, &route_port) in route_ports.iter().enumerate() {
+            let node = Node {
+                name: format!("n{i}"),
+                cluster: cluster.clone(),
+                route_port,
+                peers: route_ports
+                    .iter()
+                    .copied()
+                    .filter(|&p| p != route_port)
+                    .collect(),
+            };
+            servers.push(Self::unstarted(dir, None, None, Some(node)));
+        }
+        for server in &mut servers {
+            server.restart().await;
+        }
+        for server in &servers {
+            server.jetstream_ready().await;
+        }
+        servers
+    }
+
     async fn launch(
         dir: &Path,
         credentials: Option<(String, String)>,
         tls: Option<TlsFiles>,
     ) -> Self {
+        let mut server = Self::unstarted(dir, credentials, tls, None);
+        server.restart().await;
+        server
+    }
+
+    fn unstarted(
+        dir: &Path,
+        credentials: Option<(String, String)>,
+        tls: Option<TlsFiles>,
+        node: Option<Node>,
+    ) -> Self {
         let store = dir.join(format!("nats-{}", testing::unique("store")));
         std::fs::create_dir_all(&store).expect("store dir");
-        let mut server = Self {
+        Self {
             port: free_port(),
             credentials,
             tls,
+            node,
             store,
             child: None,
-        };
-        server.restart().await;
-        server
+        }
+    }
+
+    /// Waits until this server answers JetStream requests (in a cluster: a meta leader exists).
+    pub async fn jetstream_ready(&self) {
+        let (url, security) = (self.url(), self.security());
+        eventually("JetStream to answer", Duration::from_secs(30), || {
+            let (url, security) = (url.clone(), security.clone());
+            async move {
+                let client = service_kit::infra::connect_nats_with(&url, "e2e", &security)
+                    .await
+                    .ok()?;
+                // Listing streams needs the meta leader: the cluster has formed.
+                let names = async_nats::jetstream::new(client).stream_names();
+                names.try_collect::<Vec<String>>().await.ok().map(drop)
+            }
+        })
+        .await;
     }
 
     /// `nats://127.0.0.1:{port}` (with the credentials, if any), or `tls://…` with TLS.
@@ -125,12 +196,31 @@ impl NatsServer {
                 "-sd",
             ])
             .arg(&self.store)
+            .arg("-l")
+            .arg(self.store.with_extension("log"))
             .args(self.credentials.iter().flat_map(|(user, password)| {
                 [
                     "--user".to_owned(),
                     user.clone(),
                     "--pass".to_owned(),
                     password.clone(),
+                ]
+            }))
+            .args(self.node.iter().flat_map(|node| {
+                let routes: Vec<String> = node
+                    .peers
+                    .iter()
+                    .map(|port| format!("nats://127.0.0.1:{port}"))
+                    .collect();
+                [
+                    "--name".to_owned(),
+                    node.name.clone(),
+                    "--cluster_name".to_owned(),
+                    node.cluster.clone(),
+                    "--cluster".to_owned(),
+                    format!("nats://127.0.0.1:{}", node.route_port),
+                    "--routes".to_owned(),
+                    routes.join(","),
                 ]
             }))
             .args(self.tls.iter().flat_map(|tls| {

@@ -37,9 +37,9 @@ async fn nats_server_killed_and_restarted_on_its_store() {
     let mut cluster = Cluster::start(1, 1).await;
     let load = cluster.load(4, false);
     load.progress(STEP).await;
-    cluster.nats.kill().await;
+    cluster.nats[0].kill().await;
     load.progress(STEP / 3).await;
-    cluster.nats.restart().await;
+    cluster.nats[0].restart().await;
     load.progress(STEP).await;
     let ledger = load.finish().await;
     cluster.check(&ledger).await.assert_clean();
@@ -52,9 +52,9 @@ async fn backlog_drains_after_a_long_broker_outage() {
     let mut cluster = Cluster::start(1, 1).await;
     let load = cluster.load(4, false);
     load.progress(STEP).await;
-    cluster.nats.kill().await;
+    cluster.nats[0].kill().await;
     cluster.relay_retried(3).await;
-    cluster.nats.restart().await;
+    cluster.nats[0].restart().await;
     load.progress(STEP).await;
     let ledger = load.finish().await;
     cluster.check(&ledger).await.assert_clean();
@@ -274,13 +274,45 @@ async fn nats_with_user_and_password() {
     };
     let cluster = Cluster::start_with(1, 1, setup).await;
     assert!(
-        async_nats::connect(format!("nats://127.0.0.1:{}", cluster.nats.port))
+        async_nats::connect(format!("nats://127.0.0.1:{}", cluster.nats[0].port))
             .await
             .is_err(),
         "the server refuses clients without credentials"
     );
     let load = cluster.load(2, false);
     load.progress(STEP / 3).await;
+    let ledger = load.finish().await;
+    cluster.check(&ledger).await.assert_clean();
+    cluster.stop().await;
+}
+
+/// Three nats-servers as one JetStream cluster, the stream with three replicas, two instances
+/// of each service: the stream leader's server is SIGKILLed under load and later restarted on
+/// its store, then one orders-service and one billing-service are killed and restarted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nats_cluster_loses_the_stream_leader_under_load() {
+    let setup = Setup {
+        nats_cluster: true,
+        ..Setup::default()
+    };
+    let mut cluster = Cluster::start_with(2, 2, setup).await;
+    let load = cluster.load(6, false);
+    load.progress(STEP).await;
+
+    let leader = cluster.stream_leader().await;
+    cluster.nats[leader].kill().await;
+    load.progress(STEP).await;
+    let successor = cluster.stream_leader().await;
+    assert_ne!(successor, leader, "a surviving node leads the stream");
+    cluster.nats[leader].restart().await;
+    load.progress(STEP).await;
+
+    cluster.orders[0].kill().await;
+    cluster.billing[1].kill().await;
+    load.progress(STEP).await;
+    cluster.orders[0].restart().await;
+    cluster.billing[1].restart().await;
+    load.progress(STEP).await;
     let ledger = load.finish().await;
     cluster.check(&ledger).await.assert_clean();
     cluster.stop().await;
