@@ -89,16 +89,17 @@ pub struct Steady {
     pub billing_peak_rss_mib: f64,
 }
 
-fn log_dir() -> PathBuf {
+pub(super) fn log_dir() -> PathBuf {
     let dir = std::env::temp_dir().join(testing::unique("bench-logs"));
     std::fs::create_dir_all(&dir).expect("log folder");
     dir
 }
 
-fn env(names: &Names, database: &str) -> Vec<(String, String)> {
+/// A service's environment against the NATS servers of `nats_url`.
+pub(super) fn env(names: &Names, database: &str, nats_url: &str) -> Vec<(String, String)> {
     vec![
         ("DATABASE_URL".into(), testing::database_url(database)),
-        ("NATS_URL".into(), testing::nats_url()),
+        ("NATS_URL".into(), nats_url.to_owned()),
         ("NATS_STREAM".into(), names.stream.clone()),
         ("NATS_SUBJECT_PREFIX".into(), names.prefix.clone()),
     ]
@@ -112,16 +113,33 @@ fn order(id: Option<&str>) -> serde_json::Value {
 /// running, as deployed); returns accepted orders per second.
 pub async fn max_rate(connections: usize, length: Duration) -> anyhow::Result<f64> {
     let names = Names::unique();
-    let mut orders = Service::start(Kind::Orders, env(&names, &names.orders_db), &log_dir()).await;
+    let mut orders = Service::start(
+        Kind::Orders,
+        env(&names, &names.orders_db, &testing::nats_url()),
+        &log_dir(),
+    )
+    .await;
+    let accepted = hammer(&[orders.url.clone()], connections, length).await;
+    orders.terminate().await;
+    names.clean_up().await;
+    accepted
+}
+
+/// `POST /orders` from `connections` clients for `length`, spread over the orders-service
+/// instances at `urls`; returns accepted orders per second, an error if any was refused.
+pub(super) async fn hammer(
+    urls: &[String],
+    connections: usize,
+    length: Duration,
+) -> anyhow::Result<f64> {
     let client = reqwest::Client::builder()
         .pool_max_idle_per_host(connections)
         .build()?;
-    let url = format!("{}/orders", orders.url);
     let start = Instant::now();
     let deadline = start + length;
     let tasks: Vec<_> = (0..connections)
-        .map(|_| {
-            let (client, url) = (client.clone(), url.clone());
+        .map(|i| {
+            let (client, url) = (client.clone(), format!("{}/orders", urls[i % urls.len()]));
             tokio::spawn(async move {
                 let (mut accepted, mut refused) = (0_u64, 0_u64);
                 while Instant::now() < deadline {
@@ -141,8 +159,6 @@ pub async fn max_rate(connections: usize, length: Duration) -> anyhow::Result<f6
         refused += r;
     }
     let rate = accepted as f64 / start.elapsed().as_secs_f64();
-    orders.terminate().await;
-    names.clean_up().await;
     anyhow::ensure!(refused == 0, "{refused} orders were not accepted");
     Ok(rate)
 }
@@ -165,8 +181,18 @@ pub async fn steady(rate: u32, length: Duration) -> anyhow::Result<Steady> {
     let names = Names::unique();
     let logs = log_dir();
     // Billing first: it creates the stream and its durable consumer.
-    let mut billing = Service::start(Kind::Billing, env(&names, &names.billing_db), &logs).await;
-    let mut orders = Service::start(Kind::Orders, env(&names, &names.orders_db), &logs).await;
+    let mut billing = Service::start(
+        Kind::Billing,
+        env(&names, &names.billing_db, &testing::nats_url()),
+        &logs,
+    )
+    .await;
+    let mut orders = Service::start(
+        Kind::Orders,
+        env(&names, &names.orders_db, &testing::nats_url()),
+        &logs,
+    )
+    .await;
     let client = reqwest::Client::new();
     let url = format!("{}/orders", orders.url);
 

@@ -16,6 +16,7 @@ pub mod drain;
 pub mod http;
 pub mod refs;
 pub mod report;
+pub mod scale;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -88,6 +89,8 @@ pub struct Results {
     pub http_orders_per_sec: f64,
     /// The steady phase.
     pub steady: http::Steady,
+    /// End to end at maximum rate as the deployment scales out.
+    pub scale: Vec<scale::Scale>,
 }
 
 /// The sizes of a run, recorded with its results.
@@ -156,6 +159,27 @@ pub async fn run(options: &Options) -> anyhow::Result<PathBuf> {
     ));
     let steady = http::steady(options.steady_rate, options.steady_for).await?;
 
+    let mut scaled = Vec::new();
+    for (replicas, nats_nodes) in [(1, 1), (2, 1), (1, 3), (2, 3)] {
+        progress(&format!(
+            "end to end at maximum rate: {replicas} orders + {replicas} billing instance(s), \
+             {nats_nodes} NATS node(s), {} connections for {:?}",
+            options.connections, options.max_rate_for
+        ));
+        let figures = scale::scale(
+            replicas,
+            nats_nodes,
+            options.connections,
+            options.max_rate_for,
+        )
+        .await?;
+        progress(&format!(
+            "  {:.0} accepted/s, {:.0} invoiced/s",
+            figures.accepted_per_sec, figures.invoiced_per_sec
+        ));
+        scaled.push(figures);
+    }
+
     let results = Results {
         started_at: started_at.to_rfc3339(),
         settings: Settings {
@@ -172,6 +196,7 @@ pub async fn run(options: &Options) -> anyhow::Result<PathBuf> {
         direct_sqlx_per_sec,
         http_orders_per_sec,
         steady,
+        scale: scaled,
     };
     let dir = options
         .out

@@ -17,6 +17,29 @@ struct Line {
 }
 
 fn lines(r: &Results) -> Vec<Line> {
+    let mut lines = bars(r);
+    let base = r.scale.first().map_or(f64::NAN, |s| s.invoiced_per_sec);
+    lines.extend(r.scale.iter().map(|s| Line {
+        figure: "end to end, max rate",
+        value: format!(
+            "{:.0} invoiced/s ({:.0} accepted/s)",
+            s.invoiced_per_sec, s.accepted_per_sec
+        ),
+        reference: format!(
+            "{}+{} instances, {} NATS node(s): {:.0}% of 1+1/1",
+            s.replicas,
+            s.replicas,
+            s.nats_nodes,
+            s.invoiced_per_sec / base * 100.0
+        ),
+        bar: "-",
+        met: true,
+    }));
+    lines
+}
+
+/// The figures with a bar.
+fn bars(r: &Results) -> Vec<Line> {
     let raw_ratio = r.drain_1_relay_per_sec / r.raw_publish_per_sec;
     let http_ratio = r.http_orders_per_sec / r.direct_sqlx_per_sec;
     let s = &r.steady;
