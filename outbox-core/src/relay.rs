@@ -7,6 +7,8 @@
 //!    wave pipelined; a failed event drops its aggregate's later events from the pass;
 //! 3. mark the acknowledged rows published and the failed ones retried later (or dead), commit.
 //!
+//! Under a backlog, [`Relay::run`] overlaps step 3 of one pass with steps 1–2 of the next.
+//!
 //! A crash between publish and commit publishes the row again; the broker drops the copy inside
 //! its duplicate window (`Nats-Msg-Id`) and the consumer's inbox drops it after that.
 
@@ -90,16 +92,38 @@ impl<P: Publisher> Relay<P> {
     /// The relay listens on [`crate::outbox::CHANNEL`] before its first pass, so a commit that
     /// enqueues wakes it at once; `poll_interval` remains the fallback when notifications are
     /// lost (a dropped listener connection is re-established by the next wait).
+    ///
+    /// While a backlog lasts (full batches), a pass's outcome is recorded and committed while
+    /// the next pass claims and publishes on a second connection: `SKIP LOCKED` keeps the
+    /// recording pass's rows out of the next claim, and the per-aggregate barrier holds back
+    /// any later event of theirs, exactly as between two relays.
     pub async fn run(self, shutdown: CancellationToken) {
         tracing::info!(prefix = %self.config.subject_prefix, "relay started");
         let mut listener = None;
+        let mut published_unrecorded: Option<Pass> = None;
         while !shutdown.is_cancelled() {
             if listener.is_none() {
                 listener = self.listen().await;
             }
-            let wait = match self.run_once().await {
-                Ok(report) if report.claimed as i64 >= self.config.batch_size => continue,
-                Ok(_) => self.config.poll_interval,
+            let (recorded, next) = tokio::join!(
+                self.record_if_any(published_unrecorded.take()),
+                self.claim_and_publish()
+            );
+            if let Err(error) = recorded {
+                tracing::error!(error = ?error, "relay pass failed");
+            }
+            let wait = match next {
+                Ok(pass) if pass.report.claimed as i64 >= self.config.batch_size => {
+                    published_unrecorded = Some(pass);
+                    continue;
+                }
+                Ok(pass) => match self.record(pass).await {
+                    Ok(_) => self.config.poll_interval,
+                    Err(error) => {
+                        tracing::error!(error = ?error, "relay pass failed");
+                        self.config.poll_interval.max(Duration::from_secs(1))
+                    }
+                },
                 Err(error) => {
                     tracing::error!(error = ?error, "relay pass failed");
                     self.config.poll_interval.max(Duration::from_secs(1))
@@ -114,6 +138,9 @@ impl<P: Publisher> Relay<P> {
             if let Some(listener) = &mut listener {
                 while listener.next_buffered().is_some() {}
             }
+        }
+        if let Err(error) = self.record_if_any(published_unrecorded).await {
+            tracing::error!(error = ?error, "relay pass failed");
         }
         tracing::info!("relay stopped");
     }
@@ -131,20 +158,25 @@ impl<P: Publisher> Relay<P> {
 
     /// One pass: claim, publish, record. See the module documentation.
     pub async fn run_once(&self) -> Result<BatchReport, Error> {
+        let pass = self.claim_and_publish().await?;
+        self.record(pass).await
+    }
+
+    /// Claims due rows in a new transaction and publishes them; the transaction stays open,
+    /// holding the rows, until [`Relay::record`].
+    async fn claim_and_publish(&self) -> Result<Pass, Error> {
         let mut tx = self.pool.begin().await?;
         let claimed = storage::claim(&mut tx, self.config.batch_size).await?;
-        let mut report = BatchReport {
-            claimed: claimed.len(),
-            ..BatchReport::default()
+        let mut pass = Pass {
+            report: BatchReport {
+                claimed: claimed.len(),
+                ..BatchReport::default()
+            },
+            tx,
+            published: Vec::new(),
+            failed: Failures::default(),
         };
-        if claimed.is_empty() {
-            tx.commit().await?;
-            return Ok(report);
-        }
-
         let mut queues = by_aggregate(claimed);
-        let mut published = Vec::new();
-        let mut failed = Failures::default();
         loop {
             let wave: Vec<(usize, Claimed)> = queues
                 .iter_mut()
@@ -158,7 +190,7 @@ impl<P: Publisher> Relay<P> {
             let results = self.publisher.publish(messages).await;
             for ((queue, row), result) in wave.into_iter().zip(results) {
                 match result {
-                    Ok(()) => published.push((row.seq, row.created_at)),
+                    Ok(()) => pass.published.push((row.seq, row.created_at)),
                     Err(error) => {
                         let attempts = row.attempts.unsigned_abs() + 1;
                         let delay = self.config.backoff.delay(attempts, &mut rand::rng());
@@ -166,14 +198,33 @@ impl<P: Publisher> Relay<P> {
                             event.id = %row.id, aggregate.id = %row.aggregate_id, attempts,
                             error = %error.chain(), "publish failed"
                         );
-                        failed.push(row.seq, error.chain(), delay);
+                        pass.failed.push(row.seq, error.chain(), delay);
                         // Later events of this aggregate must not overtake the failed one.
                         queues[queue].clear();
                     }
                 }
             }
         }
+        Ok(pass)
+    }
 
+    /// [`Relay::record`] for a pass, if there is one.
+    async fn record_if_any(&self, pass: Option<Pass>) -> Result<(), Error> {
+        match pass {
+            Some(pass) => self.record(pass).await.map(drop),
+            None => Ok(()),
+        }
+    }
+
+    /// Marks a pass's acknowledged rows published and its failed ones retried later (or dead),
+    /// commits, and counts the outcome.
+    async fn record(&self, pass: Pass) -> Result<BatchReport, Error> {
+        let Pass {
+            mut report,
+            mut tx,
+            published,
+            failed,
+        } = pass;
         if !published.is_empty() {
             let seqs: Vec<i64> = published.iter().map(|(seq, _)| *seq).collect();
             storage::mark_published(&mut tx, &seqs).await?;
@@ -191,6 +242,9 @@ impl<P: Publisher> Relay<P> {
             .await?
         };
         tx.commit().await?;
+        if report.claimed == 0 {
+            return Ok(report);
+        }
 
         let now = chrono::Utc::now();
         for (_, created_at) in &published {
@@ -267,6 +321,15 @@ fn by_aggregate(rows: Vec<Claimed>) -> Vec<VecDeque<Claimed>> {
         queues[i].push_back(row);
     }
     queues
+}
+
+/// A pass whose rows were published (or failed) but not yet recorded: its transaction still
+/// holds them.
+struct Pass {
+    report: BatchReport,
+    tx: sqlx::Transaction<'static, sqlx::Postgres>,
+    published: Vec<(i64, chrono::DateTime<chrono::Utc>)>,
+    failed: Failures,
 }
 
 /// Failed rows, as the column arrays `mark_failed` takes.

@@ -344,7 +344,8 @@ async fn commit_wakes_the_relay_long_before_the_poll_interval(pool: PgPool) {
 
 /// Four relays over 200 aggregates x 5 events with 10% of publishes failing at random (before
 /// or after the broker): all 1000 reach the stream once, each aggregate's in commit order, and
-/// no two relays ever publish the same row at once.
+/// no two relays ever publish the same row at once. Two relays call `run_once`; two `run`,
+/// which records one full pass while it claims and publishes the next.
 #[sqlx::test(migrations = false)]
 async fn four_relays_with_random_failures_keep_per_aggregate_order(pool: PgPool) {
     migrate(&pool).await;
@@ -368,13 +369,27 @@ async fn four_relays_with_random_failures_keep_per_aggregate_order(pool: PgPool)
         base: Duration::from_millis(1),
         max: Duration::from_millis(20),
     };
-    let drains: Vec<_> = (0..4)
+    let relay = || {
+        let publisher = FaultyPublisher::new(stream.publisher())
+            .with_random_faults(0.1)
+            .with_in_flight(in_flight.clone());
+        Relay::new(pool.clone(), publisher, config.clone())
+    };
+    let stop = tokio_util::sync::CancellationToken::new();
+    let mut pipelined_asked = Vec::new();
+    let running: Vec<_> = (0..2)
         .map(|_| {
             let publisher = FaultyPublisher::new(stream.publisher())
                 .with_random_faults(0.1)
                 .with_in_flight(in_flight.clone());
+            pipelined_asked.push(publisher.asked());
             let relay = Relay::new(pool.clone(), publisher, config.clone());
-            let pool = pool.clone();
+            tokio::spawn(relay.run(stop.clone()))
+        })
+        .collect();
+    let drains: Vec<_> = (0..2)
+        .map(|_| {
+            let (relay, pool) = (relay(), pool.clone());
             tokio::spawn(async move {
                 let mut failed = 0;
                 while pending(&pool).await > 0 {
@@ -388,7 +403,17 @@ async fn four_relays_with_random_failures_keep_per_aggregate_order(pool: PgPool)
     for drain in drains {
         failed += drain.await.unwrap();
     }
+    stop.cancel();
+    for relay in running {
+        relay.await.unwrap();
+    }
     assert!(failed > 0, "faults were injected");
+    assert!(
+        pipelined_asked
+            .iter()
+            .all(|asked| !asked.lock().unwrap().is_empty()),
+        "the relays calling run took part"
+    );
     assert_eq!(
         in_flight.lock().unwrap().overlaps,
         0,
