@@ -32,6 +32,8 @@ pub struct ConsumerConfig {
     pub max_retries: i64,
     /// `CONSUMER_BATCH`: messages pulled per request.
     pub batch: usize,
+    /// `CONSUMER_CONCURRENCY`: messages handled at once, each order's one after another.
+    pub concurrency: usize,
 }
 
 impl Config {
@@ -47,6 +49,7 @@ impl Config {
             retry_delay: millis("CONSUMER_RETRY_DELAY_MS", Duration::from_secs(1))?,
             max_retries: parse("CONSUMER_MAX_RETRIES", 100)?,
             batch: parse("CONSUMER_BATCH", 256)?,
+            concurrency: parse("CONSUMER_CONCURRENCY", 8)?,
         };
         ensure(
             "CONSUMER_ACK_WAIT_MS",
@@ -62,6 +65,11 @@ impl Config {
             "CONSUMER_BATCH",
             (1..=10_000).contains(&consumer.batch),
             "must be 1 to 10000",
+        )?;
+        ensure(
+            "CONSUMER_CONCURRENCY",
+            (1..=256).contains(&consumer.concurrency),
+            "must be 1 to 256",
         )?;
         let inbox_retention = millis("INBOX_RETENTION_MS", Duration::from_secs(7 * 24 * 3600))?;
         let horizon = common.duplicate_window

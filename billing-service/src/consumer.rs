@@ -10,6 +10,8 @@
 //!   after `CONSUMER_MAX_RETRIES` deliveries;
 //! - a database error → `Nak` with a delay, never a dead letter.
 
+use std::hash::BuildHasher as _;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::HeaderMap;
@@ -18,6 +20,7 @@ use futures::StreamExt as _;
 use outbox_core::inbox::NewDeadLetter;
 use outbox_core::{Inbox, InboxError, Outcome};
 use serde::Deserialize;
+use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
@@ -49,6 +52,9 @@ pub async fn durable(
         .await?;
     Ok(consumer)
 }
+
+/// Messages waiting in one lane; beyond this the pull waits, so few are held unacknowledged.
+const LANE_QUEUE: usize = 16;
 
 /// The consumer loop of billing-service.
 #[derive(Debug)]
@@ -86,9 +92,39 @@ impl Consumer {
         }
     }
 
-    /// Handles messages until `shutdown` is cancelled; the message in hand is finished first.
+    /// Handles messages until `shutdown` is cancelled; messages in hand are finished first.
+    ///
+    /// Messages are spread over `concurrency` lanes by order id (`ce-subject`): each lane
+    /// handles its messages one after another, so one order's events are applied in the order
+    /// they arrive while different orders' transactions commit side by side.
     pub async fn run(self, shutdown: CancellationToken) {
         tracing::info!(consumer = %self.config.name, "consumer started");
+        let consumer = Arc::new(self);
+        let (lanes, handlers): (Vec<_>, Vec<_>) = (0..consumer.config.concurrency)
+            .map(|_| {
+                let (lane, mut queue) = mpsc::channel::<jetstream::Message>(LANE_QUEUE);
+                let consumer = consumer.clone();
+                let handler = tokio::spawn(async move {
+                    while let Some(message) = queue.recv().await {
+                        consumer.handle(message).await;
+                    }
+                });
+                (lane, handler)
+            })
+            .unzip();
+        consumer.pull(&lanes, &shutdown).await;
+        drop(lanes);
+        for handler in handlers {
+            if let Err(error) = handler.await {
+                tracing::error!(error = %error, "message handler failed");
+            }
+        }
+        tracing::info!("consumer stopped");
+    }
+
+    /// Pulls messages into `lanes` until `shutdown` is cancelled.
+    async fn pull(&self, lanes: &[mpsc::Sender<jetstream::Message>], shutdown: &CancellationToken) {
+        let hasher = std::hash::RandomState::new();
         while !shutdown.is_cancelled() {
             let messages = self
                 .durable
@@ -113,13 +149,22 @@ impl Consumer {
                     next = messages.next() => next,
                 };
                 match next {
-                    Some(Ok(message)) => self.handle(message).await,
+                    Some(Ok(message)) => {
+                        let key = message
+                            .headers
+                            .as_ref()
+                            .and_then(|h| header(h, "ce-subject"));
+                        let lane = hasher.hash_one(key) as usize % lanes.len();
+                        // A full lane holds the pull back until it has room.
+                        if lanes[lane].send(message).await.is_err() {
+                            return;
+                        }
+                    }
                     Some(Err(error)) => tracing::warn!(error = %error, "pull failed"),
                     None => break,
                 }
             }
         }
-        tracing::info!("consumer stopped");
     }
 
     /// Decides, applies, and acknowledges one message.
