@@ -163,6 +163,28 @@ pub(super) async fn hammer(
     Ok(rate)
 }
 
+/// Waits (up to `limit`, polling) until the billing database holds `expected` invoices.
+pub(super) async fn all_invoiced(
+    billing_db: &PgPool,
+    expected: u64,
+    limit: Duration,
+) -> anyhow::Result<()> {
+    let deadline = Instant::now() + limit;
+    loop {
+        let invoiced: i64 = sqlx::query_scalar("SELECT count(*) FROM invoices")
+            .fetch_one(billing_db)
+            .await?;
+        if invoiced as u64 >= expected {
+            return Ok(());
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "{invoiced} of {expected} invoices after {limit:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// Peak resident set of process `pid` (`VmHWM`), in MiB.
 fn peak_rss_mib(pid: u32) -> f64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
@@ -219,20 +241,7 @@ pub async fn steady(rate: u32, length: Duration) -> anyhow::Result<Steady> {
     let orders_db = PgPool::connect(&testing::database_url(&names.orders_db)).await?;
     let billing_db = PgPool::connect(&testing::database_url(&names.billing_db)).await?;
     let accepted = total - failed;
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let invoiced: i64 = sqlx::query_scalar("SELECT count(*) FROM invoices")
-            .fetch_one(&billing_db)
-            .await?;
-        if invoiced as u64 >= accepted {
-            break;
-        }
-        anyhow::ensure!(
-            Instant::now() < deadline,
-            "{invoiced} of {accepted} invoices after 60 s"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    all_invoiced(&billing_db, accepted, Duration::from_secs(60)).await?;
     let orders_peak_rss_mib = orders.pid().map_or(f64::NAN, peak_rss_mib);
     let billing_peak_rss_mib = billing.pid().map_or(f64::NAN, peak_rss_mib);
 

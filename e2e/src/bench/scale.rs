@@ -1,13 +1,13 @@
 //! End-to-end throughput as the deployment scales out: one or two instances of each service,
 //! against one nats-server or a 3-node JetStream cluster holding the stream with 3 replicas.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde::Serialize;
 use service_kit::testing;
 use sqlx::PgPool;
 
-use super::http::{env, hammer, log_dir};
+use super::http::{all_invoiced, env, hammer, log_dir};
 use crate::Names;
 use crate::process::{Kind, NatsServer, Service};
 
@@ -66,7 +66,7 @@ pub async fn scale(
     let accepted_per_sec = hammer(&urls, connections, length).await?;
     let orders_db = PgPool::connect(&testing::database_url(&names.orders_db)).await?;
     let billing_db = PgPool::connect(&testing::database_url(&names.billing_db)).await?;
-    let invoiced_per_sec = all_invoiced(&orders_db, &billing_db).await?;
+    let invoiced_per_sec = invoiced_per_sec(&orders_db, &billing_db).await?;
 
     orders_db.close().await;
     billing_db.close().await;
@@ -84,24 +84,11 @@ pub async fn scale(
 
 /// Waits (up to 2 minutes) until every order has its invoice; returns invoices per second
 /// from the first order's commit to the last invoice's.
-async fn all_invoiced(orders_db: &PgPool, billing_db: &PgPool) -> anyhow::Result<f64> {
+async fn invoiced_per_sec(orders_db: &PgPool, billing_db: &PgPool) -> anyhow::Result<f64> {
     let orders: i64 = sqlx::query_scalar("SELECT count(*) FROM orders")
         .fetch_one(orders_db)
         .await?;
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        let invoiced: i64 = sqlx::query_scalar("SELECT count(*) FROM invoices")
-            .fetch_one(billing_db)
-            .await?;
-        if invoiced >= orders {
-            break;
-        }
-        anyhow::ensure!(
-            Instant::now() < deadline,
-            "{invoiced} of {orders} invoices after 2 minutes"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    all_invoiced(billing_db, orders as u64, Duration::from_secs(120)).await?;
     let first: chrono::DateTime<chrono::Utc> =
         sqlx::query_scalar("SELECT min(created_at) FROM outbox")
             .fetch_one(orders_db)
