@@ -16,7 +16,8 @@ pub struct Config {
     pub relay_enabled: bool,
     /// `NATS_PUBLISH_TIMEOUT_MS`: the longest wait for one PubAck.
     pub publish_timeout: Duration,
-    /// `OUTBOX_RETENTION_MS`: published and skipped events are deleted after this long.
+    /// `OUTBOX_RETENTION_MS`: published and skipped events are deleted after this long; with 0
+    /// the relay deletes events as it publishes them.
     pub outbox_retention: Duration,
 }
 
@@ -35,6 +36,8 @@ impl Config {
             base: millis("RELAY_BACKOFF_BASE_MS", relay.backoff.base)?,
             max: millis("RELAY_BACKOFF_MAX_MS", relay.backoff.max)?,
         };
+        let outbox_retention = millis("OUTBOX_RETENTION_MS", Duration::from_secs(24 * 3600))?;
+        relay.delete_published = outbox_retention.is_zero();
         ensure(
             "RELAY_BATCH_SIZE",
             (1..=10_000).contains(&relay.batch_size),
@@ -49,7 +52,7 @@ impl Config {
             relay,
             relay_enabled: parse("RELAY_ENABLED", true)?,
             publish_timeout: millis("NATS_PUBLISH_TIMEOUT_MS", Duration::from_secs(5))?,
-            outbox_retention: millis("OUTBOX_RETENTION_MS", Duration::from_secs(24 * 3600))?,
+            outbox_retention,
             common,
         };
         ensure(

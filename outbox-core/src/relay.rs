@@ -5,9 +5,12 @@
 //!    earlier unpublished events are in the same claim (another relay may hold the rest);
 //! 2. publish in waves: the first event of every aggregate, then the second, and so on, each
 //!    wave pipelined; a failed event drops its aggregate's later events from the pass;
-//! 3. mark the acknowledged rows published and the failed ones retried later (or dead), commit.
+//! 3. mark the acknowledged rows published (or delete them, see
+//!    [`RelayConfig::delete_published`]) and the failed ones retried later (or dead), commit.
 //!
-//! Under a backlog, [`Relay::run`] overlaps step 3 of one pass with steps 1–2 of the next.
+//! [`Relay::run`] overlaps passes: one is recorded while the next is claimed and published;
+//! under a backlog one pass is claimed while the one before it is published and the one
+//! before that is recorded.
 //!
 //! A crash between publish and commit publishes the row again; the broker drops the copy inside
 //! its duplicate window (`Nats-Msg-Id`) and the consumer's inbox drops it after that.
@@ -40,6 +43,10 @@ pub struct RelayConfig {
     pub poll_interval: Duration,
     /// Delay between attempts of a failed event.
     pub backoff: Backoff,
+    /// Delete rows as they are published instead of marking them `published` (and leaving
+    /// them to [`crate::Cleanup`]). Cheaper for the database: a delete writes no new row
+    /// version and no index entries.
+    pub delete_published: bool,
 }
 
 impl RelayConfig {
@@ -52,6 +59,7 @@ impl RelayConfig {
             max_attempts: 10,
             poll_interval: Duration::from_millis(500),
             backoff: Backoff::default(),
+            delete_published: false,
         }
     }
 }
@@ -87,47 +95,57 @@ impl<P: Publisher> Relay<P> {
         }
     }
 
-    /// Runs passes until `shutdown` is cancelled; a pass in progress is finished first.
+    /// Runs passes until `shutdown` is cancelled; published passes are recorded first, a
+    /// claimed one not yet published is let go.
     ///
     /// The relay listens on [`crate::outbox::CHANNEL`] before its first pass, so a commit that
     /// enqueues wakes it at once; `poll_interval` remains the fallback when notifications are
     /// lost (a dropped listener connection is re-established by the next wait).
     ///
-    /// While a backlog lasts (full batches), a pass's outcome is recorded and committed while
-    /// the next pass claims and publishes on a second connection: `SKIP LOCKED` keeps the
-    /// recording pass's rows out of the next claim, and the per-aggregate barrier holds back
-    /// any later event of theirs, exactly as between two relays.
+    /// Passes overlap, each on its own transaction: while one pass's outcome is recorded the
+    /// next is claimed and published, and while claims come back full (a backlog) a full claim
+    /// is published in the following round, alongside the next claim. `SKIP LOCKED` keeps each
+    /// pass's rows out of the others' claims, and the per-aggregate barrier holds back any
+    /// later event of theirs, exactly as between two relays; rows held back are claimed again
+    /// as soon as the passes ahead of them are recorded.
     pub async fn run(self, shutdown: CancellationToken) {
         tracing::info!(prefix = %self.config.subject_prefix, "relay started");
         let mut listener = None;
-        let mut published_unrecorded: Option<Pass> = None;
+        let mut claimed: Option<Claim> = None;
+        let mut unrecorded: Vec<Pass> = Vec::new();
         while !shutdown.is_cancelled() {
             if listener.is_none() {
                 listener = self.listen().await;
             }
-            let (recorded, next) = tokio::join!(
-                self.record_if_any(published_unrecorded.take()),
-                self.claim_and_publish()
+            let (recorded, published, next) = tokio::join!(
+                self.record_all(std::mem::take(&mut unrecorded)),
+                self.publish_if_any(claimed.take()),
+                self.claim_next(),
             );
-            if let Err(error) = recorded {
-                tracing::error!(error = ?error, "relay pass failed");
-            }
-            let wait = match next {
-                Ok(pass) if pass.report.claimed as i64 >= self.config.batch_size => {
-                    published_unrecorded = Some(pass);
-                    continue;
+            unrecorded.extend(published);
+            let mut failed = recorded.is_err();
+            let mut held_back = false;
+            match next {
+                Ok(Next::Backlog(claim)) => claimed = Some(claim),
+                Ok(Next::Published(pass, held)) => {
+                    unrecorded.push(pass);
+                    held_back = held;
                 }
-                Ok(pass) => match self.record(pass).await {
-                    Ok(_) => self.config.poll_interval,
-                    Err(error) => {
-                        tracing::error!(error = ?error, "relay pass failed");
-                        self.config.poll_interval.max(Duration::from_secs(1))
-                    }
-                },
+                Ok(Next::Nothing { held_back: held }) => held_back = held,
                 Err(error) => {
                     tracing::error!(error = ?error, "relay pass failed");
-                    self.config.poll_interval.max(Duration::from_secs(1))
+                    failed = true;
                 }
+            }
+            if claimed.is_some() || !unrecorded.is_empty() {
+                continue;
+            }
+            let wait = if failed {
+                self.config.poll_interval.max(Duration::from_secs(1))
+            } else if held_back {
+                HELD_BACK_WAIT.min(self.config.poll_interval)
+            } else {
+                self.config.poll_interval
             };
             tokio::select! {
                 () = shutdown.cancelled() => {}
@@ -139,10 +157,34 @@ impl<P: Publisher> Relay<P> {
                 while listener.next_buffered().is_some() {}
             }
         }
-        if let Err(error) = self.record_if_any(published_unrecorded).await {
-            tracing::error!(error = ?error, "relay pass failed");
-        }
+        let _ = self.record_all(unrecorded).await;
         tracing::info!("relay stopped");
+    }
+
+    /// Claims the next rows: a full claim (a backlog) is returned to be published in the next
+    /// round, a partial one is published at once.
+    async fn claim_next(&self) -> Result<Next, Error> {
+        let claim = self.claim().await?;
+        let held_back = claim.locked > claim.rows.len();
+        Ok(if claim.rows.is_empty() {
+            // The empty claim's transaction rolls back as it is dropped.
+            Next::Nothing { held_back }
+        } else if claim.locked as i64 >= self.config.batch_size {
+            Next::Backlog(claim)
+        } else {
+            Next::Published(self.publish(claim).await, held_back)
+        })
+    }
+
+    /// [`Relay::record`]s passes side by side; an error is logged, and reported once.
+    async fn record_all(&self, passes: Vec<Pass>) -> Result<(), ()> {
+        let results = futures::future::join_all(passes.into_iter().map(|p| self.record(p))).await;
+        let mut outcome = Ok(());
+        for error in results.into_iter().filter_map(Result::err) {
+            tracing::error!(error = ?error, "relay pass failed");
+            outcome = Err(());
+        }
+        outcome
     }
 
     async fn listen(&self) -> Option<PgListener> {
@@ -158,25 +200,43 @@ impl<P: Publisher> Relay<P> {
 
     /// One pass: claim, publish, record. See the module documentation.
     pub async fn run_once(&self) -> Result<BatchReport, Error> {
-        let pass = self.claim_and_publish().await?;
+        let claim = self.claim().await?;
+        let pass = self.publish(claim).await;
         self.record(pass).await
     }
 
-    /// Claims due rows in a new transaction and publishes them; the transaction stays open,
-    /// holding the rows, until [`Relay::record`].
-    async fn claim_and_publish(&self) -> Result<Pass, Error> {
+    /// Claims due rows in a new transaction, which stays open, holding them, until
+    /// [`Relay::record`].
+    async fn claim(&self) -> Result<Claim, Error> {
         let mut tx = self.pool.begin().await?;
-        let claimed = storage::claim(&mut tx, self.config.batch_size).await?;
+        let rows = storage::claim(&mut tx, self.config.batch_size).await?;
+        let locked = rows.len();
+        let rows = rows.into_iter().filter(|row| !row.held_back).collect();
+        Ok(Claim { tx, locked, rows })
+    }
+
+    /// [`Relay::publish`] for a claim, if there is one.
+    async fn publish_if_any(&self, claim: Option<Claim>) -> Option<Pass> {
+        match claim {
+            Some(claim) => Some(self.publish(claim).await),
+            None => None,
+        }
+    }
+
+    /// Publishes a claim's rows in waves, one event per aggregate each (see the module
+    /// documentation).
+    async fn publish(&self, claim: Claim) -> Pass {
+        let Claim { tx, rows, .. } = claim;
         let mut pass = Pass {
             report: BatchReport {
-                claimed: claimed.len(),
+                claimed: rows.len(),
                 ..BatchReport::default()
             },
             tx,
             published: Vec::new(),
             failed: Failures::default(),
         };
-        let mut queues = by_aggregate(claimed);
+        let mut queues = by_aggregate(rows);
         loop {
             let wave: Vec<(usize, Claimed)> = queues
                 .iter_mut()
@@ -205,15 +265,7 @@ impl<P: Publisher> Relay<P> {
                 }
             }
         }
-        Ok(pass)
-    }
-
-    /// [`Relay::record`] for a pass, if there is one.
-    async fn record_if_any(&self, pass: Option<Pass>) -> Result<(), Error> {
-        match pass {
-            Some(pass) => self.record(pass).await.map(drop),
-            None => Ok(()),
-        }
+        pass
     }
 
     /// Marks a pass's acknowledged rows published and its failed ones retried later (or dead),
@@ -227,7 +279,11 @@ impl<P: Publisher> Relay<P> {
         } = pass;
         if !published.is_empty() {
             let seqs: Vec<i64> = published.iter().map(|(seq, _)| *seq).collect();
-            storage::mark_published(&mut tx, &seqs).await?;
+            if self.config.delete_published {
+                storage::delete_published(&mut tx, &seqs).await?;
+            } else {
+                storage::mark_published(&mut tx, &seqs).await?;
+            }
         }
         let dead = if failed.seqs.is_empty() {
             Vec::new()
@@ -321,6 +377,28 @@ fn by_aggregate(rows: Vec<Claimed>) -> Vec<VecDeque<Claimed>> {
         queues[i].push_back(row);
     }
     queues
+}
+
+/// Wait before claiming again when rows were held back behind another relay's pass.
+const HELD_BACK_WAIT: Duration = Duration::from_millis(10);
+
+/// What a claim led to.
+enum Next {
+    /// A full claim, to publish in the next round.
+    Backlog(Claim),
+    /// A partial claim, published; and whether rows were held back.
+    Published(Pass, bool),
+    /// Nothing to publish; whether rows were held back.
+    Nothing { held_back: bool },
+}
+
+/// Rows claimed by a transaction that holds them until they are recorded.
+struct Claim {
+    tx: sqlx::Transaction<'static, sqlx::Postgres>,
+    /// Rows locked, held-back ones included.
+    locked: usize,
+    /// Rows to publish, in seq order.
+    rows: Vec<Claimed>,
 }
 
 /// A pass whose rows were published (or failed) but not yet recorded: its transaction still

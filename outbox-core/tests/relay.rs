@@ -512,3 +512,69 @@ async fn relay_listens_again_after_losing_its_connection(pool: PgPool) {
     running.await.unwrap();
     stream.delete().await;
 }
+
+/// A backlog of one aggregate, four batches long, with polling set to minutes: each pass's
+/// successor is held back until the pass is recorded, and the relay claims it again then
+/// instead of waiting for the poll. The stream gets all 20 events in commit order.
+#[sqlx::test(migrations = false)]
+async fn backlog_of_one_aggregate_drains_without_waiting_for_the_poll(pool: PgPool) {
+    migrate(&pool).await;
+    let stream = TestStream::new().await;
+    let expected: Vec<String> = (0..20).map(|i| format!("o1:Event{i}")).collect();
+    for i in 0..20 {
+        enqueue(&pool, "o1", &format!("Event{i}"), json!({})).await;
+    }
+    let mut config = stream.relay_config();
+    config.batch_size = 5;
+    config.poll_interval = Duration::from_secs(600);
+    let relay = Relay::new(pool.clone(), stream.publisher(), config);
+    let stop = tokio_util::sync::CancellationToken::new();
+    let running = tokio::spawn(relay.run(stop.clone()));
+
+    eventually(
+        "the backlog on the stream",
+        Duration::from_secs(30),
+        || async { (stream.published().await.len() == 20).then_some(()) },
+    )
+    .await;
+    assert_eq!(stream.published().await, expected);
+    stop.cancel();
+    running.await.unwrap();
+    assert_eq!(pending(&pool).await, 0);
+    stream.delete().await;
+}
+
+/// With `delete_published`, what the relay publishes leaves the table in the same pass; an event
+/// whose publish failed stays pending until its retry succeeds.
+#[sqlx::test(migrations = false)]
+async fn deleting_relay_keeps_only_unpublished_rows(pool: PgPool) {
+    migrate(&pool).await;
+    let stream = TestStream::new().await;
+    enqueue(&pool, "o1", "OrderPlaced", json!({})).await;
+    enqueue(&pool, "o2", "OrderPlaced", json!({})).await;
+    let mut config = stream.relay_config();
+    config.delete_published = true;
+    let publisher =
+        FaultyPublisher::new(stream.publisher()).with_aggregate_faults("o2", [Fault::Before]);
+    let relay = Relay::new(pool.clone(), publisher, config);
+    let rows = || async {
+        sqlx::query_scalar::<_, String>("SELECT aggregate_id || ':' || status FROM outbox")
+            .fetch_all(&pool)
+            .await
+            .unwrap()
+    };
+
+    let first = relay.run_once().await.unwrap();
+    assert_eq!((first.published, first.failed), (1, 1), "{first:?}");
+    assert_eq!(rows().await, ["o2:pending"]);
+    eventually("the retry", Duration::from_secs(10), || async {
+        relay.run_once().await.unwrap();
+        rows().await.is_empty().then_some(())
+    })
+    .await;
+    assert_eq!(
+        stream.published().await,
+        ["o1:OrderPlaced", "o2:OrderPlaced"]
+    );
+    stream.delete().await;
+}

@@ -21,6 +21,8 @@ pub(crate) struct Claimed {
     pub(crate) traceparent: Option<String>,
     pub(crate) attempts: i32,
     pub(crate) created_at: DateTime<Utc>,
+    /// An earlier event of its aggregate is not in the same claim: it must wait.
+    pub(crate) held_back: bool,
 }
 
 /// Inserts one event after taking the per-aggregate advisory lock held until commit, and
@@ -55,14 +57,16 @@ pub(crate) async fn insert(
     Ok(())
 }
 
-/// Locks up to `limit` due pending rows (skipping rows other relays hold) and returns those that
-/// head their aggregate: every earlier unpublished event of the aggregate is in the same claim.
+/// Locks up to `limit` due pending rows (skipping rows other relays hold) and returns them in
+/// seq order, each marked `held_back` unless it heads its aggregate: every earlier unpublished
+/// event of the aggregate is in the same claim.
 pub(crate) async fn claim(conn: &mut PgConnection, limit: i64) -> sqlx::Result<Vec<Claimed>> {
     sqlx::query_as!(
         Claimed,
         r#"
         WITH claimed AS (
-            SELECT seq
+            SELECT seq, id, aggregate_type, aggregate_id, event_type, payload, traceparent,
+                   attempts, created_at
             FROM outbox o
             WHERE status = 'pending' AND next_attempt_at <= now()
               -- Behind a dead or failing head only the head is claimed (when due), so one
@@ -76,25 +80,44 @@ pub(crate) async fn claim(conn: &mut PgConnection, limit: i64) -> sqlx::Result<V
             ORDER BY seq
             LIMIT $1
             FOR UPDATE SKIP LOCKED
+        ),
+        -- Only a claim that passed over pending rows (locked by others, not yet due, or
+        -- behind a failing event) can hold a row whose earlier event is outside it (rows
+        -- behind a dead one are excluded above), so only then is each row's aggregate read.
+        passed_over AS (
+            SELECT count(*) > (SELECT count(*) FROM claimed) AS any_row
+            FROM outbox
+            WHERE status = 'pending' AND seq <= (SELECT max(seq) FROM claimed)
         )
-        SELECT o.seq, o.id, o.aggregate_type, o.aggregate_id, o.event_type,
-               o.payload::text AS "payload!", o.traceparent, o.attempts, o.created_at
-        FROM outbox o
-        JOIN claimed c ON c.seq = o.seq
-        -- Only rows whose earlier unpublished events are all in this claim: an earlier one
-        -- locked by another relay, or dead, holds the rest of its aggregate back.
-        WHERE NOT EXISTS (
-            SELECT 1 FROM outbox p
-            WHERE p.aggregate_type = o.aggregate_type AND p.aggregate_id = o.aggregate_id
-              AND p.seq < o.seq AND p.status IN ('pending', 'dead')
-              AND NOT EXISTS (SELECT 1 FROM claimed e WHERE e.seq = p.seq)
-        )
+        SELECT o.seq AS "seq!", o.id AS "id!", o.aggregate_type AS "aggregate_type!",
+               o.aggregate_id AS "aggregate_id!", o.event_type AS "event_type!",
+               o.payload::text AS "payload!", o.traceparent, o.attempts AS "attempts!",
+               o.created_at AS "created_at!",
+               -- An earlier event locked by another pass or relay, or dead, holds it back.
+               (SELECT any_row FROM passed_over) AND EXISTS (
+                   SELECT 1 FROM outbox p
+                   WHERE p.aggregate_type = o.aggregate_type
+                     AND p.aggregate_id = o.aggregate_id
+                     AND p.seq < o.seq AND p.status IN ('pending', 'dead')
+                     -- NOT IN hashes the claim once; a correlated NOT EXISTS was planned as
+                     -- a scan of the whole claim per earlier event.
+                     AND p.seq NOT IN (SELECT seq FROM claimed)
+               ) AS "held_back!"
+        FROM claimed o
         ORDER BY o.seq
         "#,
         limit,
     )
     .fetch_all(conn)
     .await
+}
+
+/// Deletes rows once published, for relays that keep no published rows.
+pub(crate) async fn delete_published(conn: &mut PgConnection, seqs: &[i64]) -> sqlx::Result<()> {
+    sqlx::query!("DELETE FROM outbox WHERE seq = ANY($1)", seqs)
+        .execute(conn)
+        .await?;
+    Ok(())
 }
 
 /// Marks rows published.
