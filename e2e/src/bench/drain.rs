@@ -7,14 +7,15 @@ use service_kit::testing;
 use tokio_util::sync::CancellationToken;
 
 /// Fills a fresh outbox with `events` pending rows (five events per order), starts `relays`
-/// relays with the service's default settings, and returns events per second until none is
+/// relays with the service's default settings, deleting rows as they publish them when
+/// `delete_published` (`OUTBOX_RETENTION_MS=0`), and returns events per second until none is
 /// pending. Fails unless the stream then holds exactly `events` messages.
-pub async fn drain(events: i64, relays: usize) -> anyhow::Result<f64> {
+pub async fn drain(events: i64, relays: usize, delete_published: bool) -> anyhow::Result<f64> {
     let database = testing::unique("bench_drain");
     let stream = testing::unique("BENCH_DRAIN");
     let prefix = stream.to_lowercase();
     let pool =
-        service_kit::infra::connect_db(&testing::database_url(&database), 2 * relays as u32 + 2)
+        service_kit::infra::connect_db(&testing::database_url(&database), 3 * relays as u32 + 2)
             .await?;
     orders_service::startup::migrate(&pool).await?;
     let js = async_nats::jetstream::new(async_nats::connect(testing::nats_url()).await?);
@@ -37,10 +38,12 @@ pub async fn drain(events: i64, relays: usize) -> anyhow::Result<f64> {
     let start = Instant::now();
     let tasks: Vec<_> = (0..relays)
         .map(|_| {
+            let mut config = RelayConfig::new(prefix.clone(), "/bench");
+            config.delete_published = delete_published;
             let relay = Relay::new(
                 pool.clone(),
                 JetStreamPublisher::new(js.clone()).with_timeout(Duration::from_secs(5)),
-                RelayConfig::new(prefix.clone(), "/bench"),
+                config,
             );
             tokio::spawn(relay.run(shutdown.clone()))
         })

@@ -48,6 +48,23 @@ impl Latency {
             mean: sorted.iter().sum::<f64>() / sorted.len() as f64,
         }
     }
+
+    fn of_unsorted(mut values: Vec<f64>) -> Self {
+        values.sort_by(f64::total_cmp);
+        Self::of(&values)
+    }
+}
+
+/// The steady phase's latency split at the relay's claim and billing's transaction start (both
+/// `now()` of their transactions, on the same clock).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Stages {
+    /// Order commit → the relay's claiming transaction began.
+    pub to_relay: Latency,
+    /// The relay's claim → billing's inbox transaction began (publish, delivery, pull, queue).
+    pub relay_to_billing: Latency,
+    /// Billing's inbox transaction began → the invoice row (just before its commit).
+    pub in_billing: Latency,
 }
 
 /// One second of the steady phase.
@@ -78,6 +95,9 @@ pub struct Steady {
     pub invoiced_per_sec: f64,
     /// Order-commit → invoice-commit.
     pub latency_ms: Latency,
+    /// Where that latency goes: order commit → relay's claim, the claim → billing's
+    /// transaction start, and billing's transaction up to the invoice row.
+    pub stages_ms: Stages,
     /// Every latency, ascending, for the histogram.
     #[serde(skip)]
     pub latencies_ms: Vec<f64>,
@@ -265,8 +285,8 @@ type Stamp = DateTime<Utc>;
 async fn measure(orders_db: &PgPool, billing_db: &PgPool) -> anyhow::Result<Steady> {
     // The outbox row is the last statement of the order's transaction, the invoice row the
     // last of the message's: their clock_timestamp()s are taken just before each commit.
-    let placed: Vec<(String, Stamp, Option<Stamp>)> = sqlx::query_as(
-        "SELECT aggregate_id, created_at, published_at FROM outbox
+    let placed: Vec<(String, String, Stamp, Option<Stamp>)> = sqlx::query_as(
+        "SELECT id::text, aggregate_id, created_at, published_at FROM outbox
          WHERE event_type = 'OrderPlaced'",
     )
     .fetch_all(orders_db)
@@ -277,17 +297,35 @@ async fn measure(orders_db: &PgPool, billing_db: &PgPool) -> anyhow::Result<Stea
             .await?
             .into_iter()
             .collect();
+    let received: HashMap<String, Stamp> =
+        sqlx::query_as::<_, (String, Stamp)>("SELECT message_id, received_at FROM inbox")
+            .fetch_all(billing_db)
+            .await?
+            .into_iter()
+            .collect();
 
-    let mut latencies: Vec<f64> = placed
-        .iter()
-        .filter_map(|(id, at, _)| {
-            let done = invoiced.get(id)?;
-            Some((*done - *at).num_microseconds()? as f64 / 1000.0)
-        })
-        .collect();
+    let ms = |from: Stamp, to: Stamp| (to - from).num_microseconds().map(|us| us as f64 / 1e3);
+    let mut latencies: Vec<f64> = Vec::with_capacity(placed.len());
+    let (mut to_relay, mut relay_to_billing, mut in_billing) = (vec![], vec![], vec![]);
+    for (event, order, at, published) in &placed {
+        let Some(done) = invoiced.get(order) else {
+            continue;
+        };
+        latencies.extend(ms(*at, *done));
+        if let (Some(published), Some(began)) = (published, received.get(event)) {
+            to_relay.extend(ms(*at, *published));
+            relay_to_billing.extend(ms(*published, *began));
+            in_billing.extend(ms(*began, *done));
+        }
+    }
+    let stages_ms = Stages {
+        to_relay: Latency::of_unsorted(to_relay),
+        relay_to_billing: Latency::of_unsorted(relay_to_billing),
+        in_billing: Latency::of_unsorted(in_billing),
+    };
     latencies.sort_by(f64::total_cmp);
 
-    let first = placed.iter().map(|p| p.1).min().unwrap_or_else(Utc::now);
+    let first = placed.iter().map(|p| p.2).min().unwrap_or_else(Utc::now);
     let second_of = |at: Stamp| (at - first).num_milliseconds().max(0) as u64 / 1000;
     let mut timeline: Vec<Second> = Vec::new();
     let mut bump = |at: Stamp, field: fn(&mut Second) -> &mut u64| {
@@ -297,7 +335,7 @@ async fn measure(orders_db: &PgPool, billing_db: &PgPool) -> anyhow::Result<Stea
         }
         *field(&mut timeline[t]) += 1;
     };
-    for (_, at, published) in &placed {
+    for (_, _, at, published) in &placed {
         bump(*at, |s| &mut s.accepted);
         if let Some(published) = published {
             bump(*published, |s| &mut s.relayed);
@@ -318,10 +356,11 @@ async fn measure(orders_db: &PgPool, billing_db: &PgPool) -> anyhow::Result<Stea
         stamps.len() as f64 / span
     };
     Ok(Steady {
-        accepted_per_sec: per_sec(placed.iter().map(|p| p.1).collect()),
-        relayed_per_sec: per_sec(placed.iter().filter_map(|p| p.2).collect()),
+        accepted_per_sec: per_sec(placed.iter().map(|p| p.2).collect()),
+        relayed_per_sec: per_sec(placed.iter().filter_map(|p| p.3).collect()),
         invoiced_per_sec: per_sec(invoiced.values().copied().collect()),
         latency_ms: Latency::of(&latencies),
+        stages_ms,
         latencies_ms: latencies,
         timeline,
         ..Steady::default()

@@ -3,7 +3,8 @@
 //!
 //! - [`refs`]: raw pipelined JetStream publishing with message ids, and the order transaction
 //!   issued directly through sqlx;
-//! - [`drain`]: pre-filled pending outbox rows drained by 1 and by 4 relays;
+//! - [`drain`]: pre-filled pending outbox rows drained by 1 relay (rows kept, then rows
+//!   deleted as published) and by 4 relays;
 //! - [`http`]: `POST /orders` at maximum rate, and a steady rate through both services with
 //!   order-commit → invoice-commit latency from the databases' own timestamps and peak RSS;
 //! - [`report`]: the printed table, `results.json` and the SVG charts.
@@ -77,10 +78,15 @@ pub struct Results {
     pub started_at: String,
     /// Sizes used.
     pub settings: Settings,
+    /// Whether the connections to PostgreSQL use TLS (`sslmode` in `DATABASE_URL`; the
+    /// default `prefer` uses it whenever the server offers it).
+    pub postgres_tls: bool,
     /// Raw pipelined JetStream publishes with message ids, per second.
     pub raw_publish_per_sec: f64,
     /// Relay drain with one relay, events per second.
     pub drain_1_relay_per_sec: f64,
+    /// Relay drain with one relay deleting rows as it publishes them, events per second.
+    pub drain_1_relay_deleting_per_sec: f64,
     /// Relay drain with four relays, events per second.
     pub drain_4_relays_per_sec: f64,
     /// The order transaction directly through sqlx, per second.
@@ -110,6 +116,16 @@ pub struct Settings {
     pub steady_secs: f64,
 }
 
+/// Whether a connection made as the services make theirs uses TLS.
+async fn postgres_tls() -> anyhow::Result<bool> {
+    let pool = sqlx::PgPool::connect_with(service_kit::testing::server_options()).await?;
+    let tls = sqlx::query_scalar("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()")
+        .fetch_one(&pool)
+        .await?;
+    pool.close().await;
+    Ok(tls)
+}
+
 /// Prints a progress line.
 pub fn progress(what: &str) {
     eprintln!("[bench] {what}");
@@ -121,6 +137,12 @@ pub async fn run(options: &Options) -> anyhow::Result<PathBuf> {
     progress("building the service binaries (scripts/build-services)");
     crate::process::binary("orders-service");
 
+    let postgres_tls = postgres_tls().await?;
+    progress(&format!(
+        "PostgreSQL connections {} TLS",
+        if postgres_tls { "use" } else { "do not use" }
+    ));
+
     progress(&format!(
         "raw JetStream publishing: {} messages",
         options.raw_messages
@@ -129,12 +151,17 @@ pub async fn run(options: &Options) -> anyhow::Result<PathBuf> {
     progress(&format!("  {raw_publish_per_sec:.0} msgs/s"));
 
     let mut drains = Vec::new();
-    for relays in [1, 4] {
+    for (relays, delete_published) in [(1, false), (1, true), (4, false)] {
         progress(&format!(
-            "relay drain: {} pending events, {relays} relay(s)",
-            options.drain_events
+            "relay drain: {} pending events, {relays} relay(s), rows {}",
+            options.drain_events,
+            if delete_published {
+                "deleted as published (OUTBOX_RETENTION_MS=0)"
+            } else {
+                "kept (default)"
+            }
         ));
-        let rate = drain::drain(options.drain_events, relays).await?;
+        let rate = drain::drain(options.drain_events, relays, delete_published).await?;
         progress(&format!("  {rate:.0} events/s"));
         drains.push(rate);
     }
@@ -190,9 +217,11 @@ pub async fn run(options: &Options) -> anyhow::Result<PathBuf> {
             steady_rate: options.steady_rate,
             steady_secs: options.steady_for.as_secs_f64(),
         },
+        postgres_tls,
         raw_publish_per_sec,
         drain_1_relay_per_sec: drains[0],
-        drain_4_relays_per_sec: drains[1],
+        drain_1_relay_deleting_per_sec: drains[1],
+        drain_4_relays_per_sec: drains[2],
         direct_sqlx_per_sec,
         http_orders_per_sec,
         steady,

@@ -40,21 +40,28 @@ fn lines(r: &Results) -> Vec<Line> {
 
 /// The figures with a bar.
 fn bars(r: &Results) -> Vec<Line> {
-    let raw_ratio = r.drain_1_relay_per_sec / r.raw_publish_per_sec;
     let http_ratio = r.http_orders_per_sec / r.direct_sqlx_per_sec;
     let s = &r.steady;
-    vec![
+    let drain = |figure, rate: f64| {
+        let ratio = rate / r.raw_publish_per_sec;
         Line {
-            figure: "relay drain, 1 relay",
-            value: format!("{:.0} events/s", r.drain_1_relay_per_sec),
+            figure,
+            value: format!("{rate:.0} events/s"),
             reference: format!(
                 "{:.0}% of raw publish ({:.0} msgs/s)",
-                raw_ratio * 100.0,
+                ratio * 100.0,
                 r.raw_publish_per_sec
             ),
             bar: ">= 40000/s and >= 25%",
-            met: r.drain_1_relay_per_sec >= 40_000.0 && raw_ratio >= 0.25,
-        },
+            met: rate >= 40_000.0 && ratio >= 0.25,
+        }
+    };
+    vec![
+        drain("relay drain, 1 relay", r.drain_1_relay_per_sec),
+        drain(
+            "relay drain, 1 relay, deleting",
+            r.drain_1_relay_deleting_per_sec,
+        ),
         Line {
             figure: "relay drain, 4 relays",
             value: format!("{:.0} events/s", r.drain_4_relays_per_sec),
@@ -94,6 +101,23 @@ fn bars(r: &Results) -> Vec<Line> {
             met: s.latency_ms.p99 <= 20.0,
         },
         Line {
+            figure: "latency by stage, p50",
+            value: format!(
+                "{:.2} / {:.2} / {:.2} ms",
+                s.stages_ms.to_relay.p50,
+                s.stages_ms.relay_to_billing.p50,
+                s.stages_ms.in_billing.p50
+            ),
+            reference: format!(
+                "to relay / to billing / in billing; p99 {:.1} / {:.1} / {:.1}",
+                s.stages_ms.to_relay.p99,
+                s.stages_ms.relay_to_billing.p99,
+                s.stages_ms.in_billing.p99
+            ),
+            bar: "-",
+            met: true,
+        },
+        Line {
             figure: "steady throughput",
             value: format!(
                 "{:.0} / {:.0} / {:.0} per s",
@@ -118,6 +142,14 @@ fn bars(r: &Results) -> Vec<Line> {
 
 /// Prints every figure with its reference, ratio and bar.
 pub fn print(results: &Results) {
+    println!(
+        "\nPostgreSQL connections {} TLS (sslmode in DATABASE_URL)",
+        if results.postgres_tls {
+            "use"
+        } else {
+            "do not use"
+        }
+    );
     println!(
         "\n{:<32} {:<24} {:<44} {:<24} bar met",
         "figure", "value", "reference", "bar"
