@@ -55,7 +55,7 @@ impl RelayConfig {
         Self {
             subject_prefix: subject_prefix.into(),
             source: source.into(),
-            batch_size: 500,
+            batch_size: 1000,
             max_attempts: 10,
             poll_interval: Duration::from_millis(500),
             backoff: Backoff::default(),
