@@ -281,6 +281,14 @@ pub async fn steady(rate: u32, length: Duration) -> anyhow::Result<Steady> {
 
 type Stamp = DateTime<Utc>;
 
+/// The (key, timestamp) rows of `sql`, by key.
+async fn stamps(pool: &PgPool, sql: &'static str) -> anyhow::Result<HashMap<String, Stamp>> {
+    let rows = sqlx::query_as::<_, (String, Stamp)>(sql)
+        .fetch_all(pool)
+        .await?;
+    Ok(rows.into_iter().collect())
+}
+
 /// Latency and rates from the timestamps both databases took before their commits.
 async fn measure(orders_db: &PgPool, billing_db: &PgPool) -> anyhow::Result<Steady> {
     // The outbox row is the last statement of the order's transaction, the invoice row the
@@ -291,18 +299,8 @@ async fn measure(orders_db: &PgPool, billing_db: &PgPool) -> anyhow::Result<Stea
     )
     .fetch_all(orders_db)
     .await?;
-    let invoiced: HashMap<String, Stamp> =
-        sqlx::query_as::<_, (String, Stamp)>("SELECT order_id, created_at FROM invoices")
-            .fetch_all(billing_db)
-            .await?
-            .into_iter()
-            .collect();
-    let received: HashMap<String, Stamp> =
-        sqlx::query_as::<_, (String, Stamp)>("SELECT message_id, received_at FROM inbox")
-            .fetch_all(billing_db)
-            .await?
-            .into_iter()
-            .collect();
+    let invoiced = stamps(billing_db, "SELECT order_id, created_at FROM invoices").await?;
+    let received = stamps(billing_db, "SELECT message_id, received_at FROM inbox").await?;
 
     let ms = |from: Stamp, to: Stamp| (to - from).num_microseconds().map(|us| us as f64 / 1e3);
     let mut latencies: Vec<f64> = Vec::with_capacity(placed.len());
