@@ -87,7 +87,7 @@ impl JetStreamPublisher {
             let mut headers = message.headers;
             headers.insert(
                 async_nats::header::NATS_MESSAGE_ID,
-                message.id.to_string().as_str(),
+                async_nats::HeaderValue::from(message.id.to_string()),
             );
             let publish = jetstream::message::PublishMessage::build()
                 .headers(headers)

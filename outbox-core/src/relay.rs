@@ -15,10 +15,10 @@
 //! A crash between publish and commit publishes the row again; the broker drops the copy inside
 //! its duplicate window (`Nats-Msg-Id`) and the consumer's inbox drops it after that.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::time::Duration;
 
-use async_nats::HeaderMap;
+use async_nats::{HeaderMap, HeaderName, HeaderValue};
 use bytes::Bytes;
 use chrono::SecondsFormat;
 use sqlx::PgPool;
@@ -236,19 +236,21 @@ impl<P: Publisher> Relay<P> {
             published: Vec::new(),
             failed: Failures::default(),
         };
-        let mut queues = by_aggregate(rows);
-        loop {
-            let wave: Vec<(usize, Claimed)> = queues
-                .iter_mut()
-                .enumerate()
-                .filter_map(|(i, queue)| queue.pop_front().map(|row| (i, row)))
+        let (waves, aggregates) = into_waves(rows);
+        let mut failed_aggregates = vec![false; aggregates];
+        for wave in waves {
+            // Later events of a failed aggregate must not overtake the failed one.
+            let mut wave: Vec<(usize, Claimed)> = wave
+                .into_iter()
+                .filter(|(aggregate, _)| !failed_aggregates[*aggregate])
                 .collect();
             if wave.is_empty() {
+                // A later wave holds only aggregates of this one, all failed.
                 break;
             }
-            let messages = wave.iter().map(|(_, row)| self.message(row)).collect();
+            let messages = wave.iter_mut().map(|(_, row)| self.message(row)).collect();
             let results = self.publisher.publish(messages).await;
-            for ((queue, row), result) in wave.into_iter().zip(results) {
+            for ((aggregate, row), result) in wave.into_iter().zip(results) {
                 match result {
                     Ok(()) => pass.published.push((row.seq, row.created_at)),
                     Err(error) => {
@@ -259,8 +261,7 @@ impl<P: Publisher> Relay<P> {
                             error = %error.chain(), "publish failed"
                         );
                         pass.failed.push(row.seq, error.chain(), delay);
-                        // Later events of this aggregate must not overtake the failed one.
-                        queues[queue].clear();
+                        failed_aggregates[aggregate] = true;
                     }
                 }
             }
@@ -320,23 +321,33 @@ impl<P: Publisher> Relay<P> {
         Ok(report)
     }
 
-    /// The broker message for a row: CloudEvents binary mode over NATS headers.
-    fn message(&self, row: &Claimed) -> Message {
+    /// The broker message for a row: CloudEvents binary mode over NATS headers. Takes the
+    /// row's payload, which is not needed after publishing.
+    fn message(&self, row: &mut Claimed) -> Message {
+        // Header names are built once, at compile time; values are moved in where they are
+        // already owned strings: this runs for every event, and allocating and copying were
+        // about a quarter of the relay's CPU time.
+        const SPECVERSION: HeaderName = HeaderName::from_static("ce-specversion");
+        const ID: HeaderName = HeaderName::from_static("ce-id");
+        const TYPE: HeaderName = HeaderName::from_static("ce-type");
+        const SOURCE: HeaderName = HeaderName::from_static("ce-source");
+        const SUBJECT: HeaderName = HeaderName::from_static("ce-subject");
+        const TIME: HeaderName = HeaderName::from_static("ce-time");
+        const CONTENT_TYPE: HeaderName = HeaderName::from_static("content-type");
+        const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
         let mut headers = HeaderMap::new();
-        headers.insert("ce-specversion", "1.0");
-        headers.insert("ce-id", row.id.to_string().as_str());
-        headers.insert("ce-type", row.event_type.as_str());
-        headers.insert("ce-source", self.config.source.as_str());
-        headers.insert("ce-subject", row.aggregate_id.as_str());
+        headers.insert(SPECVERSION, "1.0");
+        headers.insert(ID, HeaderValue::from(row.id.to_string()));
+        headers.insert(TYPE, row.event_type.as_str());
+        headers.insert(SOURCE, self.config.source.as_str());
+        headers.insert(SUBJECT, row.aggregate_id.as_str());
         headers.insert(
-            "ce-time",
-            row.created_at
-                .to_rfc3339_opts(SecondsFormat::Micros, true)
-                .as_str(),
+            TIME,
+            HeaderValue::from(row.created_at.to_rfc3339_opts(SecondsFormat::Micros, true)),
         );
-        headers.insert("content-type", "application/json");
-        if let Some(traceparent) = &row.traceparent {
-            headers.insert("traceparent", traceparent.as_str());
+        headers.insert(CONTENT_TYPE, "application/json");
+        if let Some(traceparent) = row.traceparent.take() {
+            headers.insert(TRACEPARENT, HeaderValue::from(traceparent));
         }
         Message {
             id: row.id,
@@ -345,7 +356,7 @@ impl<P: Publisher> Relay<P> {
                 self.config.subject_prefix, row.event_type, row.aggregate_id
             ),
             headers,
-            payload: Bytes::from(row.payload.clone()),
+            payload: Bytes::from(std::mem::take(&mut row.payload)),
         }
     }
 }
@@ -364,19 +375,30 @@ async fn notified(listener: &mut Option<PgListener>) {
     }
 }
 
-/// Splits claimed rows (in seq order) into one queue per aggregate, each in seq order.
-fn by_aggregate(rows: Vec<Claimed>) -> Vec<VecDeque<Claimed>> {
-    let mut index: HashMap<(String, String), usize> = HashMap::new();
-    let mut queues: Vec<VecDeque<Claimed>> = Vec::new();
-    for row in rows {
-        let key = (row.aggregate_type.clone(), row.aggregate_id.clone());
-        let i = *index.entry(key).or_insert_with(|| {
-            queues.push(VecDeque::new());
-            queues.len() - 1
-        });
-        queues[i].push_back(row);
+/// Splits claimed rows (in seq order) into waves: the first event of every aggregate, then
+/// the second, and so on, each row with its aggregate's number; also returns how many
+/// aggregates there are.
+fn into_waves(rows: Vec<Claimed>) -> (Vec<Vec<(usize, Claimed)>>, usize) {
+    let mut aggregates: HashMap<(&str, &str), (usize, usize)> = HashMap::new();
+    let places: Vec<(usize, usize)> = rows
+        .iter()
+        .map(|row| {
+            let next = aggregates.len();
+            let key = (row.aggregate_type.as_str(), row.aggregate_id.as_str());
+            let (aggregate, events) = aggregates.entry(key).or_insert((next, 0));
+            *events += 1;
+            (*aggregate, *events - 1)
+        })
+        .collect();
+    let count = aggregates.len();
+    let mut waves: Vec<Vec<(usize, Claimed)>> = Vec::new();
+    for (row, (aggregate, wave)) in rows.into_iter().zip(places) {
+        if wave == waves.len() {
+            waves.push(Vec::new());
+        }
+        waves[wave].push((aggregate, row));
     }
-    queues
+    (waves, count)
 }
 
 /// Wait before claiming again when rows were held back behind another relay's pass.
@@ -423,5 +445,46 @@ impl Failures {
         self.seqs.push(seq);
         self.errors.push(error);
         self.delays.push(delay.as_secs_f64());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(seq: i64, aggregate_id: &str) -> Claimed {
+        Claimed {
+            seq,
+            id: uuid::Uuid::now_v7(),
+            aggregate_type: "order".into(),
+            aggregate_id: aggregate_id.into(),
+            event_type: "OrderPlaced".into(),
+            payload: "{}".into(),
+            traceparent: None,
+            attempts: 0,
+            created_at: chrono::Utc::now(),
+            held_back: false,
+        }
+    }
+
+    #[test]
+    fn waves_hold_one_event_per_aggregate_in_seq_order() {
+        let rows = vec![
+            row(1, "a"),
+            row(2, "b"),
+            row(3, "a"),
+            row(4, "c"),
+            row(5, "a"),
+        ];
+        let (waves, aggregates) = into_waves(rows);
+        let seqs: Vec<Vec<(usize, i64)>> = waves
+            .iter()
+            .map(|wave| wave.iter().map(|(a, row)| (*a, row.seq)).collect())
+            .collect();
+        assert_eq!(aggregates, 3);
+        assert_eq!(
+            seqs,
+            [vec![(0, 1), (1, 2), (2, 4)], vec![(0, 3)], vec![(0, 5)]]
+        );
     }
 }
