@@ -127,7 +127,10 @@ impl<P: Publisher> Relay<P> {
             let mut held_back = false;
             match next {
                 Ok(Next::Backlog(claim)) => claimed = Some(claim),
-                Ok(Next::Published(pass, held)) => {
+                Ok(Next::Published {
+                    pass,
+                    held_back: held,
+                }) => {
                     unrecorded.push(pass);
                     held_back = held;
                 }
@@ -172,7 +175,10 @@ impl<P: Publisher> Relay<P> {
         } else if claim.locked as i64 >= self.config.batch_size {
             Next::Backlog(claim)
         } else {
-            Next::Published(self.publish(claim).await, held_back)
+            Next::Published {
+                pass: self.publish(claim).await,
+                held_back,
+            }
         })
     }
 
@@ -409,7 +415,7 @@ enum Next {
     /// A full claim, to publish in the next round.
     Backlog(Claim),
     /// A partial claim, published; and whether rows were held back.
-    Published(Pass, bool),
+    Published { pass: Pass, held_back: bool },
     /// Nothing to publish; whether rows were held back.
     Nothing { held_back: bool },
 }
