@@ -6,7 +6,7 @@ use outbox_core::inbox::{DeadLetter, InboxStats};
 use serde::Serialize;
 use service_kit::admin::Admin;
 use service_kit::ops::{Action, Column, OpsPage, Tile};
-use service_kit::pagination::{self, PageParams};
+use service_kit::pagination::{self, NumberedPageParams};
 use service_kit::problem::Problem;
 use service_kit::{ApiError, Json, Path, Query};
 use utoipa::ToSchema;
@@ -123,7 +123,7 @@ struct ActionResult {
 }
 
 /// Lists open dead letters with their error and delivery count (admin).
-#[utoipa::path(get, path = "/inbox/dead", tag = "inbox", params(PageParams),
+#[utoipa::path(get, path = "/inbox/dead", tag = "inbox", params(NumberedPageParams),
     security(("admin" = [])), responses(
     (status = 200, description = "A page of dead letters", body = DeadPage),
     (status = 422, description = "Bad limit or cursor", body = Problem,
@@ -136,10 +136,10 @@ struct ActionResult {
 async fn list_dead(
     _: Admin,
     State(state): State<AppState>,
-    Query(params): Query<PageParams>,
+    Query(params): Query<NumberedPageParams>,
 ) -> Result<Json<DeadPage>, ApiError> {
     let limit = pagination::limit(params.limit)?;
-    let after = pagination::after_id(params.cursor.as_deref())?;
+    let after = pagination::after_number(params.cursor.as_deref())?;
     let rows = state.rules.inbox().dead(after, limit + 1).await?;
     let (items, next_cursor) = pagination::page(rows, limit, |d| d.id.to_string());
     Ok(Json(DeadPage { items, next_cursor }))

@@ -7,7 +7,7 @@ use outbox_core::outbox::{self, DeadEvent};
 use serde::Serialize;
 use service_kit::admin::Admin;
 use service_kit::ops::{Action, Column, OpsPage, Tile};
-use service_kit::pagination::{self, PageParams};
+use service_kit::pagination::{self, NumberedPageParams};
 use service_kit::problem::Problem;
 use service_kit::{ApiError, Json, Path, Query};
 use utoipa::ToSchema;
@@ -131,7 +131,7 @@ struct ActionResult {
 }
 
 /// Lists dead events with their attempts and last error (admin).
-#[utoipa::path(get, path = "/outbox/dead", tag = "outbox", params(PageParams),
+#[utoipa::path(get, path = "/outbox/dead", tag = "outbox", params(NumberedPageParams),
     security(("admin" = [])), responses(
     (status = 200, description = "A page of dead events", body = DeadPage),
     (status = 422, description = "Bad limit or cursor", body = Problem,
@@ -144,10 +144,10 @@ struct ActionResult {
 async fn list_dead(
     _: Admin,
     State(state): State<AppState>,
-    Query(params): Query<PageParams>,
+    Query(params): Query<NumberedPageParams>,
 ) -> Result<Json<DeadPage>, ApiError> {
     let limit = pagination::limit(params.limit)?;
-    let after = pagination::after_id(params.cursor.as_deref())?;
+    let after = pagination::after_number(params.cursor.as_deref())?;
     let rows = outbox::dead(&state.pool, after, limit + 1).await?;
     let (items, next_cursor) = pagination::page(rows, limit, |e| e.seq.to_string());
     Ok(Json(DeadPage { items, next_cursor }))

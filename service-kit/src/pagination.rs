@@ -1,9 +1,10 @@
-//! Opaque cursors for newest-first lists ordered by `(created_at, id)`.
+//! Cursors for paged lists. Every string of a cursor's documented format is a valid position
+//! (clients may build one), so the API document says exactly what is accepted:
+//! - newest-first lists ordered by `(created_at, id)`: `{microseconds since 1970}.{id}`;
+//! - oldest-first lists of numbered items: the number of the last item.
 
-use base64::Engine as _;
-use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use chrono::{DateTime, Utc};
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use utoipa::IntoParams;
 
 use crate::ApiError;
@@ -13,8 +14,8 @@ pub const DEFAULT_LIMIT: i64 = 50;
 /// Most items per page.
 pub const MAX_LIMIT: i64 = 200;
 
-/// The position after the last item of a page.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// The position after the last item of a newest-first page: its `created_at` and `id`.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Cursor {
     /// `created_at` of the last item.
     pub t: DateTime<Utc>,
@@ -23,22 +24,39 @@ pub struct Cursor {
 }
 
 impl Cursor {
-    /// The opaque text form.
+    /// The text form, `{microseconds since 1970}.{id}`.
     pub fn encode(&self) -> String {
-        URL_SAFE_NO_PAD.encode(serde_json::to_vec(self).unwrap_or_default())
+        format!("{}.{}", self.t.timestamp_micros(), self.id)
     }
 
-    /// Parses the text form; anything else is a 422 naming `cursor`.
+    /// Parses the text form (documented as [`PageParams::cursor`]'s pattern); anything else is
+    /// a 422 naming `cursor`.
     pub fn decode(text: &str) -> Result<Self, ApiError> {
-        URL_SAFE_NO_PAD
-            .decode(text)
+        let invalid = || {
+            ApiError::validation(
+                "cursor",
+                "must be {microseconds since 1970, 1-16 digits}.{id, 1-128 of [A-Za-z0-9_:@-]}",
+            )
+        };
+        let (micros, id) = text.split_once('.').ok_or_else(invalid)?;
+        if !is_number(micros, 16) || !outbox_core::event::is_valid_token(id) {
+            return Err(invalid());
+        }
+        let t = micros
+            .parse()
             .ok()
-            .and_then(|bytes| serde_json::from_slice(&bytes).ok())
-            .ok_or_else(|| ApiError::validation("cursor", "not a cursor returned by this API"))
+            .and_then(DateTime::from_timestamp_micros)
+            .ok_or_else(invalid)?;
+        Ok(Self { t, id: id.into() })
     }
 }
 
-/// The query of a paged list.
+/// Whether `text` is 1 to `max_digits` ASCII digits.
+fn is_number(text: &str, max_digits: usize) -> bool {
+    (1..=max_digits).contains(&text.len()) && text.bytes().all(|b| b.is_ascii_digit())
+}
+
+/// The query of a newest-first list.
 #[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
@@ -46,7 +64,23 @@ pub struct PageParams {
     /// Items per page, 1-200 (default 50).
     #[param(minimum = 1, maximum = 200)]
     pub limit: Option<i64>,
-    /// `nextCursor` of the previous page.
+    /// `nextCursor` of the previous page: `{microseconds since 1970}.{id}` of the last item
+    /// seen; the page holds the items after it.
+    #[param(pattern = r"^[0-9]{1,16}\.[A-Za-z0-9_:@-]{1,128}$")]
+    pub cursor: Option<String>,
+}
+
+/// The query of an oldest-first list of numbered items.
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct NumberedPageParams {
+    /// Items per page, 1-200 (default 50).
+    #[param(minimum = 1, maximum = 200)]
+    pub limit: Option<i64>,
+    /// `nextCursor` of the previous page: the number of the last item seen; the page holds the
+    /// items after it.
+    #[param(pattern = r"^[0-9]{1,18}$")]
     pub cursor: Option<String>,
 }
 
@@ -77,12 +111,13 @@ pub fn page<T>(
     (rows, next)
 }
 
-/// The id after which an oldest-first list of numbered items continues (0: from the start).
-pub fn after_id(cursor: Option<&str>) -> Result<i64, ApiError> {
+/// The number after which an oldest-first list continues (0: from the start).
+pub fn after_number(cursor: Option<&str>) -> Result<i64, ApiError> {
     cursor.map_or(Ok(0), |cursor| {
-        cursor
-            .parse()
-            .map_err(|_| ApiError::validation("cursor", "not a cursor returned by this API"))
+        is_number(cursor, 18)
+            .then(|| cursor.parse().ok())
+            .flatten()
+            .ok_or_else(|| ApiError::validation("cursor", "must be 1-18 digits"))
     })
 }
 
@@ -97,12 +132,31 @@ mod tests {
             id: "o1".into(),
         };
         assert_eq!(Cursor::decode(&cursor.encode()).unwrap(), cursor);
+        for garbage in [
+            "",
+            "not-a-cursor",
+            ".o1",
+            "1.",
+            "1.o.1",
+            "x1.o1",
+            "12345678901234567.o1",
+        ] {
+            assert_eq!(
+                Cursor::decode(garbage).unwrap_err().status().as_u16(),
+                422,
+                "{garbage}"
+            );
+        }
+    }
+
+    #[test]
+    fn every_string_of_the_documented_format_is_a_position() {
+        let newest = Cursor::decode("9999999999999999.Zz_:@-").unwrap();
+        assert_eq!(newest.id, "Zz_:@-");
+        assert_eq!(Cursor::decode("0.a").unwrap().t, DateTime::UNIX_EPOCH);
         assert_eq!(
-            Cursor::decode("not-a-cursor")
-                .unwrap_err()
-                .status()
-                .as_u16(),
-            422
+            after_number(Some("999999999999999999")).unwrap(),
+            999_999_999_999_999_999
         );
     }
 
@@ -112,9 +166,11 @@ mod tests {
         assert_eq!(limit(Some(200)).unwrap(), 200);
         assert!(limit(Some(0)).is_err());
         assert!(limit(Some(201)).is_err());
-        assert_eq!(after_id(None).unwrap(), 0);
-        assert_eq!(after_id(Some("42")).unwrap(), 42);
-        assert!(after_id(Some("x")).is_err());
+        assert_eq!(after_number(None).unwrap(), 0);
+        assert_eq!(after_number(Some("42")).unwrap(), 42);
+        assert!(after_number(Some("x")).is_err());
+        assert!(after_number(Some("+1")).is_err());
+        assert!(after_number(Some("")).is_err());
     }
 
     #[test]

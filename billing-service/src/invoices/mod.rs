@@ -111,7 +111,9 @@ struct ListParams {
     /// Items per page, 1-200 (default 50).
     #[param(minimum = 1, maximum = 200)]
     limit: Option<i64>,
-    /// `nextCursor` of the previous page.
+    /// `nextCursor` of the previous page: `{microseconds since 1970}.{id}` of the last invoice
+    /// seen; the page holds the invoices after it.
+    #[param(pattern = r"^[0-9]{1,16}\.[A-Za-z0-9_:@-]{1,128}$")]
     cursor: Option<String>,
 }
 
