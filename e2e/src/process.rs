@@ -30,11 +30,34 @@ pub fn binary(name: &str) -> PathBuf {
             .status()
             .expect("scripts/build-services runs");
         assert!(status.success(), "building the service binaries failed");
-        std::env::var_os("CARGO_TARGET_DIR")
-            .map_or_else(|| workspace.join("target"), PathBuf::from)
-            .join("release")
+        target_dir(&workspace).join("release")
     });
     dir.join(name)
+}
+
+/// Where cargo puts the workspace's builds, as `cargo metadata` says (it honours
+/// `CARGO_TARGET_DIR` and `build.target-dir` of any cargo config).
+fn target_dir(workspace: &Path) -> PathBuf {
+    #[derive(serde::Deserialize)]
+    struct Metadata {
+        target_directory: PathBuf,
+    }
+    let output = std::process::Command::new(std::env::var_os("CARGO").unwrap_or("cargo".into()))
+        .args([
+            "metadata",
+            "--format-version",
+            "1",
+            "--no-deps",
+            "--offline",
+        ])
+        .current_dir(workspace)
+        .stderr(Stdio::inherit())
+        .output()
+        .expect("cargo metadata runs");
+    assert!(output.status.success(), "cargo metadata failed");
+    serde_json::from_slice::<Metadata>(&output.stdout)
+        .expect("cargo metadata's JSON")
+        .target_directory
 }
 
 /// A nats-server with JetStream on its own port and store directory.
