@@ -39,15 +39,28 @@ pub enum Error {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum PublishError {
-    /// The broker did not take the message: not connected, no stream for the subject, refused.
+    /// The broker answered and refused this message: no stream takes its subject, it is over
+    /// the server's max payload, the stream rejected it. Retrying may not help, so each such
+    /// failure counts toward the relay's `max_attempts`.
     #[error("message not accepted by the broker")]
     NotAccepted(#[source] BoxError),
-    /// The message was sent but no acknowledgement arrived: it may or may not be stored.
+    /// The message was sent but no acknowledgement arrived (timed out, connection lost while
+    /// waiting): it may or may not be stored. Transient: never counts toward `max_attempts`.
     #[error("no acknowledgement from the broker")]
     NoAck(#[source] BoxError),
+    /// The broker could not be reached (not connected, or the connection went before the
+    /// message was sent): nothing was published. Transient: never counts toward `max_attempts`.
+    #[error("broker unreachable")]
+    Unreachable(#[source] BoxError),
 }
 
 impl PublishError {
+    /// Whether retrying later is bound to help: the broker was not reached or did not answer,
+    /// as opposed to refusing the message.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, Self::NoAck(_) | Self::Unreachable(_))
+    }
+
     /// The error with its causes on one line, as stored in `last_error`.
     pub fn chain(&self) -> String {
         let mut text = self.to_string();

@@ -95,8 +95,8 @@ impl JetStreamPublisher {
             let sending = self.context.send_publish(message.subject, publish);
             sent.push(match tokio::time::timeout_at(deadline, sending).await {
                 Ok(Ok(ack)) => Ok(ack),
-                Ok(Err(error)) => Err(PublishError::NotAccepted(Box::new(error))),
-                Err(_) => Err(PublishError::NotAccepted(
+                Ok(Err(error)) => Err(classify_send_error(error)),
+                Err(_) => Err(PublishError::Unreachable(
                     "publish timeout before sending".into(),
                 )),
             });
@@ -116,7 +116,7 @@ impl Publisher for JetStreamPublisher {
         if self.context.client().connection_state() != async_nats::connection::State::Connected {
             return messages
                 .iter()
-                .map(|_| Err(PublishError::NotAccepted("not connected to NATS".into())))
+                .map(|_| Err(PublishError::Unreachable("not connected to NATS".into())))
                 .collect();
         }
         let mut results = Vec::with_capacity(messages.len());
@@ -129,11 +129,24 @@ impl Publisher for JetStreamPublisher {
     }
 }
 
-/// A missing ack means the outcome is unknown; anything else means the broker refused.
+/// A message too large for the server is refused for good; anything else that stops a send
+/// (the connection's queue closed, too many acks outstanding) passes with the connection.
+fn classify_send_error(error: jetstream::context::PublishError) -> PublishError {
+    use jetstream::context::PublishErrorKind;
+    match error.kind() {
+        PublishErrorKind::MaxPayloadExceeded => PublishError::NotAccepted(Box::new(error)),
+        _ => PublishError::Unreachable(Box::new(error)),
+    }
+}
+
+/// No ack in time, or the connection lost while waiting: the outcome is unknown. Anything else
+/// is the broker's answer refusing the message (no stream for the subject, a stream error).
 fn classify_ack_error(error: jetstream::context::PublishError) -> PublishError {
     use jetstream::context::PublishErrorKind;
     match error.kind() {
-        PublishErrorKind::TimedOut => PublishError::NoAck(Box::new(error)),
+        PublishErrorKind::TimedOut | PublishErrorKind::BrokenPipe => {
+            PublishError::NoAck(Box::new(error))
+        }
         _ => PublishError::NotAccepted(Box::new(error)),
     }
 }

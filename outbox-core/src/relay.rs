@@ -16,6 +16,7 @@
 //! its duplicate window (`Nats-Msg-Id`) and the consumer's inbox drops it after that.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use async_nats::{HeaderMap, HeaderName, HeaderValue};
@@ -41,8 +42,13 @@ pub struct RelayConfig {
     pub max_attempts: i32,
     /// Wait between passes when there was nothing (more) to do.
     pub poll_interval: Duration,
-    /// Delay between attempts of a failed event.
+    /// Delay between attempts of an event the broker refused; each refusal counts toward
+    /// `max_attempts`.
     pub backoff: Backoff,
+    /// Delay before publishing again while the broker is unreachable or does not acknowledge,
+    /// by the number of passes in a row that reached nothing. These failures never count
+    /// toward `max_attempts`: an outage, however long, makes no event dead.
+    pub unreachable_backoff: Backoff,
     /// Delete rows as they are published instead of marking them `published` (and leaving
     /// them to [`crate::Cleanup`]). Cheaper for the database: a delete writes no new row
     /// version and no index entries.
@@ -59,6 +65,10 @@ impl RelayConfig {
             max_attempts: 10,
             poll_interval: Duration::from_millis(500),
             backoff: Backoff::default(),
+            unreachable_backoff: Backoff {
+                base: Duration::from_millis(100),
+                max: Duration::from_secs(5),
+            },
             delete_published: false,
         }
     }
@@ -83,6 +93,8 @@ pub struct Relay<P> {
     pool: PgPool,
     publisher: P,
     config: RelayConfig,
+    /// Passes in a row whose publishes all failed transiently (0: the broker is reachable).
+    outage: AtomicU32,
 }
 
 impl<P: Publisher> Relay<P> {
@@ -92,6 +104,7 @@ impl<P: Publisher> Relay<P> {
             pool,
             publisher,
             config,
+            outage: AtomicU32::new(0),
         }
     }
 
@@ -170,7 +183,10 @@ impl<P: Publisher> Relay<P> {
         let claim = self.claim().await?;
         let held_back = claim.locked > claim.rows.len();
         Ok(if claim.rows.is_empty() {
-            // The empty claim's transaction rolls back as it is dropped.
+            // Let go of the held-back rows now: a dropped transaction is rolled back only
+            // when its connection is next used, and until then a claim after the wait would
+            // skip the still-locked rows, find nothing and wait for the poll.
+            claim.tx.rollback().await?;
             Next::Nothing { held_back }
         } else if claim.locked as i64 >= self.config.batch_size {
             Next::Backlog(claim)
@@ -244,6 +260,7 @@ impl<P: Publisher> Relay<P> {
         };
         let (waves, aggregates) = into_waves(rows);
         let mut failed_aggregates = vec![false; aggregates];
+        let (mut reached, mut unreached) = (false, false);
         for wave in waves {
             // Later events of a failed aggregate must not overtake the failed one.
             let mut wave: Vec<(usize, Claimed)> = wave
@@ -258,21 +275,58 @@ impl<P: Publisher> Relay<P> {
             let results = self.publisher.publish(messages).await;
             for ((aggregate, row), result) in wave.into_iter().zip(results) {
                 match result {
-                    Ok(()) => pass.published.push((row.seq, row.created_at)),
+                    Ok(()) => {
+                        reached = true;
+                        pass.published.push((row.seq, row.created_at));
+                    }
+                    Err(error) if error.is_transient() => {
+                        unreached = true;
+                        let passes = self.outage.load(Ordering::Relaxed) + 1;
+                        let delay = self
+                            .config
+                            .unreachable_backoff
+                            .delay(passes, &mut rand::rng());
+                        tracing::debug!(
+                            event.id = %row.id, aggregate.id = %row.aggregate_id,
+                            error = %error.chain(), "publish failed; retried, not counted"
+                        );
+                        pass.failed.push(row.seq, error.chain(), delay, false);
+                        failed_aggregates[aggregate] = true;
+                    }
                     Err(error) => {
+                        reached = true;
                         let attempts = row.attempts.unsigned_abs() + 1;
                         let delay = self.config.backoff.delay(attempts, &mut rand::rng());
                         tracing::warn!(
                             event.id = %row.id, aggregate.id = %row.aggregate_id, attempts,
-                            error = %error.chain(), "publish failed"
+                            error = %error.chain(), "publish refused by the broker"
                         );
-                        pass.failed.push(row.seq, error.chain(), delay);
+                        pass.failed.push(row.seq, error.chain(), delay, true);
                         failed_aggregates[aggregate] = true;
                     }
                 }
             }
         }
+        self.note_reachability(reached, unreached);
         pass
+    }
+
+    /// Tracks whether the broker is reachable from what a pass saw, logging each change and
+    /// keeping `outbox_broker_unreachable` (1 while unreachable) up to date.
+    fn note_reachability(&self, reached: bool, unreached: bool) {
+        if reached {
+            let passes = self.outage.swap(0, Ordering::Relaxed);
+            if passes > 0 {
+                tracing::info!(passes, "broker reachable again; publishing resumes");
+                metrics::gauge!("outbox_broker_unreachable").set(0.0);
+            }
+        } else if unreached && self.outage.fetch_add(1, Ordering::Relaxed) == 0 {
+            tracing::warn!(
+                "broker unreachable: events stay pending and are retried until it is back \
+                 (an outage never makes an event dead)"
+            );
+            metrics::gauge!("outbox_broker_unreachable").set(1.0);
+        }
     }
 
     /// Marks a pass's acknowledged rows published and its failed ones retried later (or dead),
@@ -300,6 +354,7 @@ impl<P: Publisher> Relay<P> {
                 &failed.seqs,
                 &failed.errors,
                 &failed.delays,
+                &failed.counted,
                 self.config.max_attempts,
             )
             .await?
@@ -444,13 +499,16 @@ struct Failures {
     seqs: Vec<i64>,
     errors: Vec<String>,
     delays: Vec<f64>,
+    /// Whether the failure counts toward `max_attempts` (the broker refused the message).
+    counted: Vec<bool>,
 }
 
 impl Failures {
-    fn push(&mut self, seq: i64, error: String, delay: Duration) {
+    fn push(&mut self, seq: i64, error: String, delay: Duration, counted: bool) {
         self.seqs.push(seq);
         self.errors.push(error);
         self.delays.push(delay.as_secs_f64());
+        self.counted.push(counted);
     }
 }
 

@@ -12,10 +12,13 @@ use crate::{Message, PublishError, Publisher};
 /// What happens to one publish.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Fault {
-    /// The broker is unreachable: the message is not sent.
+    /// The broker refuses the message: it is not stored, and the failure counts toward the
+    /// relay's `max_attempts`.
     Before,
     /// The broker stores the message, but its acknowledgement is lost.
     After,
+    /// The broker is unreachable: the message is not sent.
+    Unreachable,
 }
 
 /// Wraps a publisher, injects [`Fault`]s, and records the id of every message it was asked to
@@ -174,6 +177,9 @@ impl<P: Publisher> Publisher for FaultyPublisher<P> {
             }
             let result = match self.fault_for(&message) {
                 Some(Fault::Before) => Err(PublishError::NotAccepted(
+                    "injected fault: message refused".into(),
+                )),
+                Some(Fault::Unreachable) => Err(PublishError::Unreachable(
                     "injected fault: broker unreachable".into(),
                 )),
                 Some(Fault::After) => match self.inner.publish(vec![message]).await.pop() {

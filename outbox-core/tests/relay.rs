@@ -157,7 +157,7 @@ async fn always_failing_event_becomes_dead_and_cleanup_keeps_it(pool: PgPool) {
             .last_error
             .as_deref()
             .unwrap()
-            .contains("broker unreachable")
+            .contains("message refused")
     );
     // Nothing more to do: a dead event is not retried by the relay.
     assert_eq!(relay.run_once().await.unwrap().claimed, 0);
@@ -179,6 +179,40 @@ async fn always_failing_event_becomes_dead_and_cleanup_keeps_it(pool: PgPool) {
         .unwrap();
     assert_eq!(statuses, ["dead"]);
     assert_eq!(inbox.stats().await.unwrap().processed, 0);
+    stream.delete().await;
+}
+
+/// However long the broker is unreachable or its acknowledgements are lost, no event becomes
+/// dead: only the broker's refusals count toward `max_attempts` (the default, 10). Three times
+/// that many transient failures, then the event is published, and is on the stream once.
+#[sqlx::test(migrations = false)]
+async fn an_outage_never_makes_an_event_dead(pool: PgPool) {
+    migrate(&pool).await;
+    let stream = TestStream::new().await;
+    enqueue(&pool, "o1", "OrderPlaced", json!({})).await;
+    let faults = [Fault::Unreachable, Fault::After].repeat(15);
+    let publisher = FaultyPublisher::new(stream.publisher()).with_faults(faults);
+    let config = stream.relay_config();
+    assert_eq!(config.max_attempts, 10, "the default");
+    let relay = Relay::new(pool.clone(), publisher, config);
+
+    let (mut dead, mut failed, mut published) = (0, 0, 0);
+    for _ in 0..31 {
+        let report = relay.run_once().await.unwrap();
+        (dead, failed, published) = (
+            dead + report.dead,
+            failed + report.failed,
+            published + report.published,
+        );
+    }
+    assert_eq!((dead, failed, published), (0, 30, 1));
+    let attempts: i32 = sqlx::query_scalar("SELECT attempts FROM outbox")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(attempts, 0, "transient failures are not attempts");
+    // Fifteen of the failures stored the message (lost acks): the broker dropped the copies.
+    assert_eq!(stream.contents().await.len(), 1);
     stream.delete().await;
 }
 

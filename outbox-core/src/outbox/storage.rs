@@ -131,29 +131,33 @@ pub(crate) async fn mark_published(conn: &mut PgConnection, seqs: &[i64]) -> sql
     Ok(())
 }
 
-/// Records failed attempts: error, next attempt after the given delay, dead at `max_attempts`.
-/// Returns the seqs that became dead.
+/// Records failed attempts: error, next attempt the given delay after now (the failure, not
+/// the claim), and for counted ones an attempt more, dead at `max_attempts`. Returns the seqs
+/// that became dead.
 pub(crate) async fn mark_failed(
     conn: &mut PgConnection,
     seqs: &[i64],
     errors: &[String],
     delays_seconds: &[f64],
+    counted: &[bool],
     max_attempts: i32,
 ) -> sqlx::Result<Vec<i64>> {
     sqlx::query_scalar!(
         r#"
         UPDATE outbox o
-        SET attempts = o.attempts + 1,
+        SET attempts = o.attempts + f.counted::int,
             last_error = f.error,
-            next_attempt_at = now() + make_interval(secs => f.delay),
-            status = CASE WHEN o.attempts + 1 >= $4 THEN 'dead' ELSE 'pending' END
-        FROM unnest($1::bigint[], $2::text[], $3::float8[]) AS f(seq, error, delay)
+            next_attempt_at = clock_timestamp() + make_interval(secs => f.delay),
+            status = CASE WHEN f.counted AND o.attempts + 1 >= $5 THEN 'dead' ELSE 'pending' END
+        FROM unnest($1::bigint[], $2::text[], $3::float8[], $4::bool[])
+            AS f(seq, error, delay, counted)
         WHERE o.seq = f.seq
         RETURNING CASE WHEN o.status = 'dead' THEN o.seq END AS "seq"
         "#,
         seqs,
         errors,
         delays_seconds,
+        counted,
         max_attempts,
     )
     .fetch_all(conn)

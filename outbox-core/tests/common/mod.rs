@@ -62,6 +62,7 @@ impl TestStream {
             base: Duration::ZERO,
             max: Duration::ZERO,
         };
+        config.unreachable_backoff = config.backoff;
         config
     }
 
