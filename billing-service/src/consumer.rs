@@ -27,7 +27,8 @@ use tracing::Instrument as _;
 use crate::config::ConsumerConfig;
 use crate::invoices::{self, ApplyError, Change};
 
-/// Creates the durable pull consumer if missing; `subjects` is the stream's filter.
+/// Creates the durable pull consumer, or updates it to `config` when it exists (a changed
+/// `CONSUMER_ACK_WAIT_MS` takes effect at the next start); `subjects` is the stream's filter.
 pub async fn durable(
     jetstream: &jetstream::Context,
     stream: &str,
@@ -36,19 +37,16 @@ pub async fn durable(
 ) -> anyhow::Result<PullConsumer> {
     let stream = jetstream.get_stream(stream).await?;
     let consumer = stream
-        .get_or_create_consumer(
-            &config.name,
-            pull::Config {
-                durable_name: Some(config.name.clone()),
-                ack_policy: jetstream::consumer::AckPolicy::Explicit,
-                ack_wait: config.ack_wait,
-                // Unlimited: the service decides when a message becomes a dead letter, so the
-                // broker never drops one silently.
-                max_deliver: -1,
-                filter_subject: subjects,
-                ..Default::default()
-            },
-        )
+        .create_consumer(pull::Config {
+            durable_name: Some(config.name.clone()),
+            ack_policy: jetstream::consumer::AckPolicy::Explicit,
+            ack_wait: config.ack_wait,
+            // Unlimited: the service decides when a message becomes a dead letter, so the
+            // broker never drops one silently.
+            max_deliver: -1,
+            filter_subject: subjects,
+            ..Default::default()
+        })
         .await?;
     Ok(consumer)
 }
@@ -194,7 +192,9 @@ impl Consumer {
             Verdict::Retry(_) => AckKind::Nak(Some(self.config.retry_delay)),
             Verdict::Dead(reason) => {
                 let letter = NewDeadLetter {
-                    message_id: header(&headers, "ce-id"),
+                    // The raw ce-id stays in the headers; the id column holds only a valid one.
+                    message_id: header(&headers, "ce-id")
+                        .filter(|id| outbox_core::event::is_valid_token(id)),
                     subject: &message.subject,
                     headers: headers_json(&headers),
                     payload: &message.payload,
@@ -266,11 +266,31 @@ impl Rules {
                 }
             }
             Err(error) => {
+                if let Some(code) = permanent_sqlstate(&error) {
+                    return Verdict::Dead(format!(
+                        "the database refused the message for good (SQLSTATE {code}): {error}"
+                    ));
+                }
                 tracing::warn!(error = ?error, "transient failure; delivered again later");
                 Verdict::Retry("a transient failure; see the logs".into())
             }
         }
     }
+}
+
+/// The SQLSTATE of a database error that no retry can fix: the statement itself is refused
+/// for this message's data. Class 22 (data exception: a value PostgreSQL cannot store, such
+/// as a NUL byte or an out-of-range number) and class 54 (program limit exceeded: a value too
+/// large for an index row). Anything else (connection failures, serialisation failures,
+/// deadlocks, a full disk, missing privileges an operator can grant) may pass and is retried.
+fn permanent_sqlstate(error: &InboxError<ApplyError>) -> Option<String> {
+    let (InboxError::Database(database) | InboxError::Effect(ApplyError::Database(database))) =
+        error
+    else {
+        return None;
+    };
+    let code = database.as_database_error()?.code()?;
+    (code.starts_with("22") || code.starts_with("54")).then(|| code.into_owned())
 }
 
 /// The payload fields billing reads; other fields are ignored.
@@ -297,6 +317,18 @@ fn parse(headers: &HeaderMap, payload: &[u8]) -> Result<Option<Change>, String> 
     };
     if !matches!(event_type, "OrderPlaced" | "OrderPaid") {
         return Ok(None);
+    }
+    // The inbox key: anything else (empty, oversized, a NUL byte) could not be told apart from
+    // another message's id, or could not be stored at all.
+    match header(headers, "ce-id") {
+        None => return Err("missing ce-id".into()),
+        Some(id) if !outbox_core::event::is_valid_token(id) => {
+            return Err(format!(
+                "invalid ce-id of {} bytes: must be 1-128 of [A-Za-z0-9_:@-] (a UUID is)",
+                id.len()
+            ));
+        }
+        Some(_) => {}
     }
     if payload.len() > MAX_BODY {
         return Err(format!("body of {} bytes is over 1 MiB", payload.len()));
@@ -326,7 +358,7 @@ pub fn headers_from_json(json: &serde_json::Value) -> HeaderMap {
             .as_array()
             .into_iter()
             .flatten()
-            .filter_map(|v| v.as_str())
+            .filter_map(header_value_from_json)
         {
             headers.append(name.as_str(), value);
         }
@@ -345,12 +377,40 @@ fn headers_json(headers: &HeaderMap) -> serde_json::Value {
         .map(|(name, values)| {
             let values = values
                 .iter()
-                .map(|v| serde_json::Value::from(v.as_str()))
+                .map(|v| header_value_json(v.as_str()))
                 .collect();
             (name.to_string(), serde_json::Value::Array(values))
         })
         .collect::<serde_json::Map<_, _>>()
         .into()
+}
+
+/// A header value as JSON: a string, or `{"hex": …}` of its bytes when it holds a NUL, which a
+/// JSONB string cannot (kept losslessly either way; [`headers_from_json`] reads both).
+fn header_value_json(value: &str) -> serde_json::Value {
+    if value.contains('\0') {
+        let hex = value.bytes().fold(String::new(), |mut hex, b| {
+            use std::fmt::Write as _;
+            let _ = write!(hex, "{b:02x}");
+            hex
+        });
+        serde_json::json!({ "hex": hex })
+    } else {
+        value.into()
+    }
+}
+
+/// The text of a value [`header_value_json`] wrote.
+fn header_value_from_json(value: &serde_json::Value) -> Option<String> {
+    if let Some(text) = value.as_str() {
+        return Some(text.to_owned());
+    }
+    let hex = value.get("hex")?.as_str()?;
+    let bytes: Option<Vec<u8>> = (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(hex.get(i..i + 2)?, 16).ok())
+        .collect();
+    String::from_utf8(bytes?).ok()
 }
 
 #[cfg(test)]

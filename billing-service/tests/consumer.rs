@@ -269,3 +269,112 @@ async fn dead_letter_replay_after_the_cause_is_fixed_applies_once() {
     assert_eq!(invoices, 2);
     app.stop().await;
 }
+
+/// The durable consumer is created at start-up, or updated when it exists: a changed
+/// `CONSUMER_ACK_WAIT_MS` takes effect.
+#[tokio::test]
+async fn the_durable_consumer_is_created_or_updated() {
+    use async_nats::jetstream::stream;
+    let name = testing::unique("BILLING_DURABLE");
+    let subjects = format!("{}.>", name.to_lowercase());
+    let client = async_nats::connect(testing::nats_url()).await.unwrap();
+    let jetstream = async_nats::jetstream::new(client);
+    jetstream
+        .create_stream(stream::Config {
+            name: name.clone(),
+            subjects: vec![subjects.clone()],
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let mut config = Config::from_env().unwrap().consumer;
+    for ack_wait in [Duration::from_secs(30), Duration::from_secs(2)] {
+        config.ack_wait = ack_wait;
+        let mut durable =
+            billing_service::consumer::durable(&jetstream, &name, subjects.clone(), &config)
+                .await
+                .unwrap();
+        assert_eq!(durable.info().await.unwrap().config.ack_wait, ack_wait);
+    }
+    testing::delete_stream(&name).await;
+}
+
+/// Messages a broken or hostile producer could publish straight to the stream: each is
+/// dead-lettered (kept whole, listed) instead of being applied, acked away or redelivered for
+/// good, and an ordinary order published after them is invoiced.
+#[tokio::test]
+async fn hostile_messages_are_dead_lettered_and_nothing_loops() {
+    let app = TestApp::spawn().await;
+    let publish_raw = |headers: HeaderMap, order_id: &str, body: Vec<u8>| {
+        let subject = format!("{}.OrderPlaced.{order_id}", app.prefix);
+        async {
+            let mut headers = headers;
+            headers.insert("Nats-Msg-Id", uuid::Uuid::new_v4().to_string().as_str());
+            let ack = app
+                .jetstream
+                .publish_with_headers(subject, headers, body.into())
+                .await
+                .unwrap();
+            ack.await.unwrap();
+        }
+    };
+    let with_id = |id: &str| {
+        let mut headers = HeaderMap::new();
+        headers.insert("ce-type", "OrderPlaced");
+        headers.insert("ce-id", id);
+        headers
+    };
+    let long_id = "a".repeat(3000);
+    for (id, order) in [
+        (long_id.as_str(), "h-long"),
+        ("m\0nul", "h-nul"),
+        ("", "h-empty"),
+    ] {
+        publish_raw(with_id(id), order, placed(order, 100)).await;
+    }
+    let mut body_with_nul = placed("h-body", 100);
+    body_with_nul.push(0);
+    publish_raw(with_id("m-body-nul"), "h-body", body_with_nul).await;
+    publish_raw(with_id("m-utf8"), "h-utf8", vec![b'{', 0xff, 0xfe, b'}']).await;
+    let mut repeated = with_id("m-repeated");
+    for _ in 0..1000 {
+        repeated.append("ce-type", "OrderPlaced");
+    }
+    publish_raw(repeated, "h-repeated", placed("h-repeated", 100)).await;
+    app.publish("m-ok", "OrderPlaced", "o-ok", placed("o-ok", 700))
+        .await;
+
+    let invoice = eventually("the ordinary order's invoice", WAIT, || async {
+        app.invoice("o-ok").await
+    })
+    .await;
+    assert_eq!(invoice, (700, "open".into()));
+    let stats = eventually("six dead letters", WAIT, || async {
+        let stats = app.stats().await;
+        (stats["dead"] == 6).then_some(stats)
+    })
+    .await;
+    assert_eq!(stats["processed"], 1, "{stats}");
+    let invoices: i64 = sqlx::query_scalar("SELECT count(*) FROM invoices")
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
+    assert_eq!(invoices, 1, "no hostile message was applied");
+    // The NUL byte is kept: the header value is stored as its bytes.
+    let nul: Value = sqlx::query_scalar(
+        "SELECT headers->'ce-id'->0 FROM inbox_dead WHERE headers->'ce-id'->0 ? 'hex'",
+    )
+    .fetch_one(&app.pool)
+    .await
+    .unwrap();
+    assert_eq!(nul["hex"], "6d006e756c");
+    // Every message was settled: nothing is waiting for an ack or a redelivery.
+    let consumer_name = Config::from_env().unwrap().consumer.name;
+    let stream = app.jetstream.get_stream(&app.stream).await.unwrap();
+    eventually("every delivery settled", WAIT, || async {
+        let info = stream.consumer_info(&consumer_name).await.ok()?;
+        (info.num_ack_pending == 0 && info.num_pending == 0).then_some(())
+    })
+    .await;
+    app.stop().await;
+}

@@ -130,10 +130,31 @@ impl<P: Publisher> Relay<P> {
             if listener.is_none() {
                 listener = self.listen().await;
             }
+            // While the broker is unreachable, one claim at a time, each after a pause: the
+            // backlog is not cycled through (and rewritten) as fast as the database allows.
+            let outage = self.outage.load(Ordering::Relaxed);
+            let in_flight = claimed.is_some() || !unrecorded.is_empty();
+            if outage > 0 && !in_flight {
+                let pause = self
+                    .config
+                    .unreachable_backoff
+                    .delay(outage, &mut rand::rng());
+                tokio::select! {
+                    () = shutdown.cancelled() => break,
+                    () = tokio::time::sleep(pause) => {}
+                }
+            }
+            let claiming = outage == 0 || !in_flight;
             let (recorded, published, next) = tokio::join!(
                 self.record_all(std::mem::take(&mut unrecorded)),
                 self.publish_if_any(claimed.take()),
-                self.claim_next(),
+                async {
+                    if claiming {
+                        self.claim_next().await
+                    } else {
+                        Ok(Next::Nothing { held_back: false })
+                    }
+                },
             );
             unrecorded.extend(published);
             let mut failed = recorded.is_err();
