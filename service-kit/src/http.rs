@@ -278,6 +278,39 @@ async fn readyz(State(health): State<Health>) -> Result<Json<Status>, ApiError> 
     Ok(Json(Status { status: "ok" }))
 }
 
+/// `{service} healthcheck`: asks the service listening on `listen_addr` (an unspecified address
+/// such as `0.0.0.0` read as loopback) for `/readyz` and fails unless it answers 200. Container
+/// health checks run it: the runtime image has no curl.
+pub fn healthcheck(listen_addr: &str) -> anyhow::Result<()> {
+    use std::io::{BufRead as _, BufReader, Write as _};
+    use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, TcpStream, ToSocketAddrs as _};
+
+    let mut addr = listen_addr
+        .to_socket_addrs()?
+        .next()
+        .ok_or_else(|| anyhow::anyhow!("LISTEN_ADDR {listen_addr} names no address"))?;
+    if addr.ip().is_unspecified() {
+        addr.set_ip(match addr.ip() {
+            IpAddr::V4(_) => Ipv4Addr::LOCALHOST.into(),
+            IpAddr::V6(_) => Ipv6Addr::LOCALHOST.into(),
+        });
+    }
+    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
+    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+    write!(
+        stream,
+        "GET /readyz HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut status_line = String::new();
+    BufReader::new(stream).read_line(&mut status_line)?;
+    anyhow::ensure!(
+        status_line.starts_with("HTTP/1.1 200 "),
+        "not ready: {}",
+        status_line.trim_end()
+    );
+    Ok(())
+}
+
 /// Serves `router` on `listener` until `shutdown` resolves, then lets in-flight requests finish.
 pub async fn serve(
     listener: TcpListener,
@@ -340,4 +373,38 @@ pub async fn run_until_stopped(
     }
     pool.close().await;
     Ok(served?)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::{Read as _, Write as _};
+
+    use super::healthcheck;
+
+    /// A one-shot server on a free port that answers `status_line`; returns `0.0.0.0:{port}`.
+    fn answering(status_line: &'static str) -> String {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        std::thread::spawn(move || {
+            let (mut conn, _) = listener.accept().unwrap();
+            let mut request = [0; 1024];
+            let n = conn.read(&mut request).unwrap();
+            assert!(request[..n].starts_with(b"GET /readyz HTTP/1.1\r\n"));
+            write!(conn, "{status_line}\r\ncontent-length: 0\r\n\r\n").unwrap();
+        });
+        format!("0.0.0.0:{port}")
+    }
+
+    #[test]
+    fn healthcheck_passes_only_on_200() {
+        assert!(healthcheck(&answering("HTTP/1.1 200 OK")).is_ok());
+        let unready = healthcheck(&answering("HTTP/1.1 503 Service Unavailable")).unwrap_err();
+        assert!(unready.to_string().contains("503"), "{unready}");
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        assert!(healthcheck(&format!("127.0.0.1:{port}")).is_err());
+    }
 }
