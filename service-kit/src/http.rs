@@ -297,10 +297,10 @@ pub fn healthcheck(listen_addr: &str) -> anyhow::Result<()> {
     }
     let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
     stream.set_read_timeout(Some(Duration::from_secs(5)))?;
-    write!(
-        stream,
-        "GET /readyz HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )?;
+    // One write: a request in pieces may be answered, and the connection closed, before its
+    // last piece arrives, which resets the connection.
+    let request = format!("GET /readyz HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes())?;
     let mut status_line = String::new();
     BufReader::new(stream).read_line(&mut status_line)?;
     anyhow::ensure!(
@@ -387,9 +387,14 @@ mod tests {
         let port = listener.local_addr().unwrap().port();
         std::thread::spawn(move || {
             let (mut conn, _) = listener.accept().unwrap();
-            let mut request = [0; 1024];
-            let n = conn.read(&mut request).unwrap();
-            assert!(request[..n].starts_with(b"GET /readyz HTTP/1.1\r\n"));
+            let mut request = Vec::new();
+            let mut chunk = [0; 1024];
+            while !request.ends_with(b"\r\n\r\n") {
+                let n = conn.read(&mut chunk).unwrap();
+                assert!(n > 0, "the request ends with an empty line");
+                request.extend_from_slice(&chunk[..n]);
+            }
+            assert!(request.starts_with(b"GET /readyz HTTP/1.1\r\n"));
             write!(conn, "{status_line}\r\ncontent-length: 0\r\n\r\n").unwrap();
         });
         format!("0.0.0.0:{port}")
