@@ -27,8 +27,9 @@ pub struct ConsumerConfig {
     /// `CONSUMER_RETRY_DELAY_MS`: delay before a message that cannot be applied yet (or hit a
     /// transient error) is delivered again.
     pub retry_delay: Duration,
-    /// `CONSUMER_MAX_RETRIES`: deliveries after which a message that still cannot be applied
-    /// becomes a dead letter. Transient database errors never dead-letter.
+    /// `CONSUMER_MAX_RETRIES`: not-yet outcomes after which a message that still cannot be
+    /// applied becomes a dead letter. Redeliveries for other reasons (a database outage, an
+    /// expired ack wait) do not count, and transient database errors never dead-letter.
     pub max_retries: i64,
     /// `CONSUMER_BATCH`: messages pulled per request.
     pub batch: usize,

@@ -6,12 +6,18 @@
 //!   that is not a positive 64-bit integer) → dead letter, `Term`;
 //! - an event type billing does not handle (e.g. `OrderShipped`) → acknowledged, nothing done;
 //! - applied, or recognised as a duplicate → acknowledged after the inbox commit;
+//! - `ce-id` that is not 1-128 of `[A-Za-z0-9_:@-]` (a UUID is; empty, oversized or NUL-bearing
+//!   ones are not) → dead letter, `Term`;
 //! - not applicable yet (`OrderPaid` before `OrderPlaced`) → `Nak` with a delay, dead letter
-//!   after `CONSUMER_MAX_RETRIES` deliveries;
-//! - a database error → `Nak` with a delay, never a dead letter.
+//!   after `CONSUMER_MAX_RETRIES` not-yet outcomes of that message in this process
+//!   (redeliveries for any other reason, such as a database outage or an expired ack wait, do
+//!   not count);
+//! - a database error refusing the message's data for good (SQLSTATE class 22 or 54) → dead
+//!   letter; any other database error → `Nak` with a delay, never a dead letter.
 
+use std::collections::HashMap;
 use std::hash::BuildHasher as _;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use async_nats::HeaderMap;
@@ -78,7 +84,12 @@ pub enum Verdict {
 pub struct Rules {
     inbox: Inbox,
     max_retries: i64,
+    not_yet: Arc<Mutex<HashMap<String, i64>>>,
 }
+
+/// Messages whose not-yet outcomes are counted at once; past this the counts start over (a
+/// message then waits longer before it is dead, never less long).
+const NOT_YET_TRACKED: usize = 100_000;
 
 impl Consumer {
     /// A consumer applying `rules`.
@@ -183,7 +194,7 @@ impl Consumer {
         service_kit::telemetry::continue_trace(&span, header(&headers, "traceparent"));
         let verdict = self
             .rules
-            .verdict(&headers, &message.payload, deliveries)
+            .verdict(&headers, &message.payload)
             .instrument(span.clone())
             .await;
         let _entered = span.enter();
@@ -225,7 +236,30 @@ impl Consumer {
 impl Rules {
     /// Rules over `inbox`; `max_retries` bounds how often a message may be not applicable yet.
     pub fn new(inbox: Inbox, max_retries: i64) -> Self {
-        Self { inbox, max_retries }
+        Self {
+            inbox,
+            max_retries,
+            not_yet: Arc::default(),
+        }
+    }
+
+    /// Counts one more not-yet outcome of message `id`, and returns how many there were.
+    fn not_yet_again(&self, id: &str) -> i64 {
+        let mut counts = self.not_yet.lock().unwrap_or_else(PoisonError::into_inner);
+        if counts.len() >= NOT_YET_TRACKED && !counts.contains_key(id) {
+            counts.clear();
+        }
+        let count = counts.entry(id.to_owned()).or_default();
+        *count += 1;
+        *count
+    }
+
+    /// Forgets the not-yet count of message `id`: it was applied or dead-lettered.
+    fn settled(&self, id: &str) {
+        self.not_yet
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(id);
     }
 
     /// The inbox the rules apply messages through.
@@ -234,7 +268,7 @@ impl Rules {
     }
 
     /// Decides what to do with a message and, when it can, applies it through the inbox.
-    pub async fn verdict(&self, headers: &HeaderMap, payload: &[u8], deliveries: i64) -> Verdict {
+    pub async fn verdict(&self, headers: &HeaderMap, payload: &[u8]) -> Verdict {
         let change = match parse(headers, payload) {
             Ok(Some(change)) => change,
             Ok(None) => return Verdict::Ack,
@@ -247,6 +281,9 @@ impl Rules {
             .inbox
             .process(id, move |conn| Box::pin(invoices::apply(conn, change)))
             .await;
+        if !matches!(outcome, Err(InboxError::Effect(ApplyError::NotYet(_)))) {
+            self.settled(id);
+        }
         match outcome {
             Ok(Outcome::Processed(())) => {
                 tracing::info!("message applied");
@@ -258,8 +295,10 @@ impl Rules {
                 Verdict::Ack
             }
             Err(InboxError::Effect(ApplyError::NotYet(reason))) => {
-                if deliveries >= self.max_retries {
-                    Verdict::Dead(format!("{reason} after {deliveries} deliveries"))
+                let attempts = self.not_yet_again(id);
+                if attempts >= self.max_retries {
+                    self.settled(id);
+                    Verdict::Dead(format!("{reason} after {attempts} attempts"))
                 } else {
                     tracing::info!(reason, "not applicable yet; delivered again later");
                     Verdict::Retry(reason)

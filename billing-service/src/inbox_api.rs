@@ -178,7 +178,7 @@ async fn retry(
         "admin action on dead letter"
     );
     let headers = headers_from_json(&letter.headers);
-    match state.rules.verdict(&headers, &letter.payload, 1).await {
+    match state.rules.verdict(&headers, &letter.payload).await {
         Verdict::Ack => {
             inbox.close_dead_letter(id).await?;
             Ok(Json(ActionResult {

@@ -378,3 +378,55 @@ async fn hostile_messages_are_dead_lettered_and_nothing_loops() {
     .await;
     app.stop().await;
 }
+
+/// Only "not applicable yet" outcomes bring a message closer to a dead letter: however often it
+/// was delivered before (a long database outage, expired ack waits), an `OrderPaid` that
+/// overtakes its `OrderPlaced` waits for it. With the default `CONSUMER_MAX_RETRIES`, it is
+/// dead after that many not-yet outcomes, and not one earlier.
+#[tokio::test]
+async fn only_not_yet_outcomes_count_toward_a_dead_letter() {
+    let app = TestApp::spawn().await;
+    let max_retries = Config::from_env().unwrap().consumer.max_retries;
+    let rules = billing_service::consumer::Rules::new(
+        outbox_core::Inbox::new(app.pool.clone(), "rules-test"),
+        max_retries,
+    );
+    let message = |id: &str, event_type: &str| {
+        let mut headers = HeaderMap::new();
+        headers.insert("ce-id", id);
+        headers.insert("ce-type", event_type);
+        headers
+    };
+    let (paid, placed_body) = (message("m-paid", "OrderPaid"), placed("o-wait", 250));
+    for _ in 1..max_retries {
+        let verdict = rules.verdict(&paid, &placed_body).await;
+        assert!(
+            matches!(verdict, billing_service::consumer::Verdict::Retry(_)),
+            "{verdict:?}"
+        );
+    }
+    let verdict = rules
+        .verdict(&message("m-placed", "OrderPlaced"), &placed_body)
+        .await;
+    assert_eq!(verdict, billing_service::consumer::Verdict::Ack);
+    assert_eq!(
+        rules.verdict(&paid, &placed_body).await,
+        billing_service::consumer::Verdict::Ack
+    );
+
+    let never = message("m-never", "OrderPaid");
+    let body = placed("o-never", 1);
+    for _ in 1..max_retries {
+        let verdict = rules.verdict(&never, &body).await;
+        assert!(
+            matches!(verdict, billing_service::consumer::Verdict::Retry(_)),
+            "{verdict:?}"
+        );
+    }
+    let verdict = rules.verdict(&never, &body).await;
+    assert!(
+        matches!(verdict, billing_service::consumer::Verdict::Dead(_)),
+        "{verdict:?}"
+    );
+    app.stop().await;
+}

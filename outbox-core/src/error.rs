@@ -39,17 +39,18 @@ pub enum Error {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum PublishError {
-    /// The broker answered and refused this message: no stream takes its subject, it is over
-    /// the server's max payload, the stream rejected it. Retrying may not help, so each such
-    /// failure counts toward the relay's `max_attempts`.
+    /// The broker answered and refused this message: it is over the server's max payload, the
+    /// stream rejected it. Retrying may not help, so each such failure counts toward the
+    /// relay's `max_attempts`.
     #[error("message not accepted by the broker")]
     NotAccepted(#[source] BoxError),
     /// The message was sent but no acknowledgement arrived (timed out, connection lost while
     /// waiting): it may or may not be stored. Transient: never counts toward `max_attempts`.
     #[error("no acknowledgement from the broker")]
     NoAck(#[source] BoxError),
-    /// The broker could not be reached (not connected, or the connection went before the
-    /// message was sent): nothing was published. Transient: never counts toward `max_attempts`.
+    /// The broker could not be reached (not connected, the connection went before the message
+    /// was sent, no stream answered for the subject, JetStream unavailable): nothing was
+    /// published. Transient: never counts toward `max_attempts`.
     #[error("broker unreachable")]
     Unreachable(#[source] BoxError),
 }

@@ -139,14 +139,21 @@ fn classify_send_error(error: jetstream::context::PublishError) -> PublishError 
     }
 }
 
-/// No ack in time, or the connection lost while waiting: the outcome is unknown. Anything else
-/// is the broker's answer refusing the message (no stream for the subject, a stream error).
+/// No ack in time, or the connection lost while waiting: the outcome is unknown. No responders
+/// (in a cluster, a stream between two leaders) or the server's 503 (JetStream or its cluster
+/// not available now): nothing was stored, and it passes. Anything else is the broker refusing
+/// the message (the stream rejected it).
 fn classify_ack_error(error: jetstream::context::PublishError) -> PublishError {
     use jetstream::context::PublishErrorKind;
+    let unavailable = std::error::Error::source(&error)
+        .and_then(|source| source.downcast_ref::<jetstream::Error>())
+        .is_some_and(|answer| answer.code() == 503);
     match error.kind() {
         PublishErrorKind::TimedOut | PublishErrorKind::BrokenPipe => {
             PublishError::NoAck(Box::new(error))
         }
+        PublishErrorKind::StreamNotFound => PublishError::Unreachable(Box::new(error)),
+        _ if unavailable => PublishError::Unreachable(Box::new(error)),
         _ => PublishError::NotAccepted(Box::new(error)),
     }
 }

@@ -106,7 +106,8 @@ pub fn router() -> OpenApiRouter<AppState> {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
 struct ListParams {
-    /// Only the invoice of this order.
+    /// Only the invoice of this order (an order id: 1-128 of `[A-Za-z0-9_:@-]`).
+    #[param(pattern = r"^[A-Za-z0-9_:@-]{1,128}$")]
     order_id: Option<String>,
     /// Items per page, 1-200 (default 50).
     #[param(minimum = 1, maximum = 200)]
@@ -129,7 +130,7 @@ struct InvoicePage {
 /// Lists invoices, newest first, optionally of one order.
 #[utoipa::path(get, path = "/invoices", tag = "invoices", params(ListParams), responses(
     (status = 200, description = "A page of invoices", body = InvoicePage),
-    (status = 422, description = "Bad limit or cursor", body = Problem,
+    (status = 422, description = "Bad limit, cursor or orderId", body = Problem,
         content_type = "application/problem+json"),
 ))]
 async fn list_invoices(
@@ -138,6 +139,14 @@ async fn list_invoices(
 ) -> Result<Json<InvoicePage>, ApiError> {
     let limit = pagination::limit(params.limit)?;
     let after = params.cursor.as_deref().map(Cursor::decode).transpose()?;
+    if let Some(order_id) = &params.order_id
+        && !outbox_core::event::is_valid_token(order_id)
+    {
+        return Err(ApiError::validation(
+            "orderId",
+            "must be 1-128 of [A-Za-z0-9_:@-]",
+        ));
+    }
     let rows = store::list(&state.pool, params.order_id.as_deref(), after, limit + 1).await?;
     let (items, next_cursor) = pagination::page(rows, limit, |i| {
         Cursor {
