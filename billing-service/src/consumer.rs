@@ -8,6 +8,8 @@
 //! - applied, or recognised as a duplicate → acknowledged after the inbox commit;
 //! - `ce-id` that is not 1-128 of `[A-Za-z0-9_:@-]` (a UUID is; empty, oversized or NUL-bearing
 //!   ones are not) → dead letter, `Term`;
+//! - stored in the stream or stamped `ce-time` longer ago than `INBOX_RETENTION_MS` → dead
+//!   letter: its inbox record may be gone, so it could be applied twice;
 //! - not applicable yet (`OrderPaid` before `OrderPlaced`) → `Nak` with a delay, dead letter
 //!   after `CONSUMER_MAX_RETRIES` not-yet outcomes of that message in this process
 //!   (redeliveries for any other reason, such as a database outage or an expired ack wait, do
@@ -66,6 +68,9 @@ pub struct Consumer {
     durable: PullConsumer,
     rules: Rules,
     config: ConsumerConfig,
+    /// How long the inbox remembers a message: an older one could be a copy of a message whose
+    /// record is gone, so it is not applied.
+    inbox_retention: Duration,
 }
 
 /// What to do with a message, decided (and applied) by [`Rules::verdict`].
@@ -92,13 +97,46 @@ pub struct Rules {
 const NOT_YET_TRACKED: usize = 100_000;
 
 impl Consumer {
-    /// A consumer applying `rules`.
-    pub fn new(durable: PullConsumer, rules: Rules, config: ConsumerConfig) -> Self {
+    /// A consumer applying `rules`, to messages younger than `inbox_retention`.
+    pub fn new(
+        durable: PullConsumer,
+        rules: Rules,
+        config: ConsumerConfig,
+        inbox_retention: Duration,
+    ) -> Self {
         Self {
             durable,
             rules,
             config,
+            inbox_retention,
         }
+    }
+
+    /// Why `message` is too old for the inbox to deduplicate, if it is: stored in the stream,
+    /// or stamped `ce-time` by its producer, longer ago than the inbox retention. Its first
+    /// copy may have been applied and its record deleted since. An operator's replay of the
+    /// dead letter applies it all the same.
+    fn too_old(&self, message: &jetstream::Message, headers: &HeaderMap) -> Option<String> {
+        let now = chrono::Utc::now();
+        let retention = chrono::Duration::from_std(self.inbox_retention).ok()?;
+        let stored = message
+            .info()
+            .ok()
+            .and_then(|info| chrono::DateTime::from_timestamp(info.published.unix_timestamp(), 0));
+        let stamped = header(headers, "ce-time")
+            .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
+            .map(|t| t.to_utc());
+        [("stored in the stream", stored), ("ce-time", stamped)]
+            .into_iter()
+            .find_map(|(what, at)| {
+                let at = at?;
+                (now - at > retention).then(|| {
+                    format!(
+                        "too old to deduplicate: {what} {at}, longer ago than the inbox \
+                         retention (INBOX_RETENTION_MS)"
+                    )
+                })
+            })
     }
 
     /// Handles messages until `shutdown` is cancelled; messages in hand are finished first.
@@ -192,11 +230,15 @@ impl Consumer {
             deliveries,
         );
         service_kit::telemetry::continue_trace(&span, header(&headers, "traceparent"));
-        let verdict = self
-            .rules
-            .verdict(&headers, &message.payload)
-            .instrument(span.clone())
-            .await;
+        let verdict = match self.too_old(&message, &headers) {
+            Some(reason) => Verdict::Dead(reason),
+            None => {
+                self.rules
+                    .verdict(&headers, &message.payload)
+                    .instrument(span.clone())
+                    .await
+            }
+        };
         let _entered = span.enter();
         let ack = match verdict {
             Verdict::Ack => AckKind::Ack,

@@ -108,7 +108,12 @@ impl App {
         let inbox = Inbox::new(pool.clone(), &config.consumer.name);
         let cleanup = Cleanup::inbox(inbox.clone(), config.inbox_retention);
         let rules = Rules::new(inbox, config.consumer.max_retries);
-        let consumer = Consumer::new(durable, rules.clone(), config.consumer.clone());
+        let consumer = Consumer::new(
+            durable,
+            rules.clone(),
+            config.consumer.clone(),
+            config.inbox_retention,
+        );
 
         let listener = TcpListener::bind(&common.listen_addr)
             .await

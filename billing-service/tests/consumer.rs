@@ -430,3 +430,43 @@ async fn only_not_yet_outcomes_count_toward_a_dead_letter() {
     );
     app.stop().await;
 }
+
+/// A message older than the inbox retention (by its producer's `ce-time`) could be a copy of
+/// one whose inbox record is gone: it is dead-lettered as too old, not applied.
+#[tokio::test]
+async fn a_message_older_than_the_inbox_retention_is_not_applied() {
+    let app = TestApp::spawn().await;
+    let retention = Config::from_env().unwrap().inbox_retention;
+    let old = chrono::Utc::now()
+        - chrono::Duration::from_std(retention).unwrap()
+        - chrono::Duration::hours(1);
+    let mut headers = HeaderMap::new();
+    headers.insert("ce-id", "m-old");
+    headers.insert("ce-type", "OrderPlaced");
+    headers.insert("ce-time", old.to_rfc3339().as_str());
+    headers.insert("Nats-Msg-Id", "m-old");
+    let subject = format!("{}.OrderPlaced.o-old", app.prefix);
+    let ack = app
+        .jetstream
+        .publish_with_headers(subject, headers, placed("o-old", 100).into())
+        .await
+        .unwrap();
+    ack.await.unwrap();
+    app.publish("m-new", "OrderPlaced", "o-new", placed("o-new", 100))
+        .await;
+
+    eventually("the young order's invoice", WAIT, || async {
+        app.invoice("o-new").await
+    })
+    .await;
+    let error: String = eventually("the dead letter", WAIT, || async {
+        sqlx::query_scalar("SELECT error FROM inbox_dead WHERE message_id = 'm-old'")
+            .fetch_optional(&app.pool)
+            .await
+            .unwrap()
+    })
+    .await;
+    assert!(error.starts_with("too old to deduplicate"), "{error}");
+    assert_eq!(app.invoice("o-old").await, None);
+    app.stop().await;
+}
