@@ -83,7 +83,8 @@ async fn get_json(url: String) -> Value {
         .unwrap()
 }
 
-/// An event that died while the stream was missing is published by a click on Retry.
+/// An event that died because the stream refused it is published by a click on Retry once the
+/// stream takes it again.
 #[tokio::test]
 async fn orders_ops_page_retries_a_dead_event() {
     let names = Names::unique();
@@ -92,8 +93,21 @@ async fn orders_ops_page_retries_a_dead_event() {
     config.relay.max_attempts = 1;
     let common = config.common.clone();
     let orders = RunningApp::orders(config).await;
-    // Without its stream, the broker has no responder for the subject: the publish fails.
-    testing::delete_stream(&names.stream).await;
+    // A stream that takes no message this large refuses the publish: a refusal counts toward
+    // RELAY_MAX_ATTEMPTS (an unreachable broker or a missing stream would not).
+    let client = async_nats::connect(testing::nats_url()).await.unwrap();
+    let js = jetstream::new(client);
+    let mut refusing = js
+        .get_stream(&names.stream)
+        .await
+        .unwrap()
+        .info()
+        .await
+        .unwrap()
+        .config
+        .clone();
+    refusing.max_message_size = 16;
+    js.update_stream(refusing).await.unwrap();
 
     let placed = reqwest::Client::new()
         .post(format!("{}/orders", orders.url))
@@ -111,8 +125,6 @@ async fn orders_ops_page_retries_a_dead_event() {
     .await;
     let event_id = dead["id"].as_str().unwrap().to_owned();
 
-    let client = async_nats::connect(testing::nats_url()).await.unwrap();
-    let js = jetstream::new(client);
     service_kit::infra::ensure_stream(&js, &common)
         .await
         .unwrap();

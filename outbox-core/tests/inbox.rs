@@ -96,3 +96,59 @@ async fn failed_effect_records_nothing_and_can_run_again(pool: PgPool) {
     assert_eq!(retried, Outcome::Processed(()));
     assert_eq!(count(&pool, "effects").await, 1);
 }
+
+/// The inbox proven on its own, with an effect that is not idempotent (a counter, no
+/// constraint behind it): eight deliveries of each message at once (competing consumers, a
+/// redelivery racing the first) add one; then every message again, as a consumer recreated
+/// from the stream's start or a crash after commit and before the ack would deliver it, adds
+/// nothing.
+#[sqlx::test(migrations = false)]
+async fn concurrent_and_replayed_deliveries_count_once(pool: PgPool) {
+    migrate(&pool).await;
+    sqlx::raw_sql("CREATE TABLE counter (n int NOT NULL); INSERT INTO counter VALUES (0)")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let inbox = Inbox::new(pool.clone(), "billing");
+    let deliver = |id: String| {
+        let inbox = inbox.clone();
+        tokio::spawn(async move {
+            inbox
+                .process(&id, |conn| {
+                    Box::pin(async move {
+                        sqlx::query("UPDATE counter SET n = n + 1")
+                            .execute(conn)
+                            .await
+                            .map(drop)
+                    })
+                })
+                .await
+                .unwrap()
+        })
+    };
+    let counter = || async {
+        sqlx::query_scalar::<_, i32>("SELECT n FROM counter")
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+    };
+
+    for message in 0..20 {
+        let copies = (0..8).map(|_| deliver(format!("m{message}")));
+        let outcomes = futures::future::join_all(copies).await;
+        let applied = outcomes
+            .into_iter()
+            .filter(|outcome| outcome.as_ref().unwrap() == &Outcome::Processed(()))
+            .count();
+        assert_eq!(applied, 1, "message m{message}");
+    }
+    assert_eq!(counter().await, 20);
+
+    for message in 0..20 {
+        let outcome = deliver(format!("m{message}")).await.unwrap();
+        assert_eq!(outcome, Outcome::Duplicate);
+    }
+    assert_eq!(counter().await, 20);
+    let stats = inbox.stats().await.unwrap();
+    assert_eq!((stats.processed, stats.duplicate), (20, 20 * 7 + 20));
+}
