@@ -5,7 +5,10 @@
 //!   not the expected JSON (wrong types, an `orderId` that is not a valid id, a `totalMinor`
 //!   that is not a positive 64-bit integer) → dead letter, `Term`;
 //! - an event type billing does not handle (e.g. `OrderShipped`) → acknowledged, nothing done;
-//! - applied, or recognised as a duplicate → acknowledged after the inbox commit;
+//! - applied, or recognised as a duplicate (same `ce-id`, `ce-type` and body) → acknowledged
+//!   after the inbox commit;
+//! - a `ce-id` applied before for another `ce-type` or body (a producer reusing ids) → dead
+//!   letter, `Term`: it is no copy, so neither acknowledging nor applying it is right;
 //! - `ce-id` that is not 1-128 of `[A-Za-z0-9_:@-]` (a UUID is; empty, oversized or NUL-bearing
 //!   ones are not) → dead letter, `Term`;
 //! - stored in the stream or stamped `ce-time` longer ago than `INBOX_RETENTION_MS` → dead
@@ -25,7 +28,7 @@ use std::time::Duration;
 use async_nats::HeaderMap;
 use async_nats::jetstream::{self, AckKind, consumer::PullConsumer, consumer::pull};
 use futures::StreamExt as _;
-use outbox_core::inbox::NewDeadLetter;
+use outbox_core::inbox::{Digest, NewDeadLetter};
 use outbox_core::{Inbox, InboxError, Outcome};
 use serde::Deserialize;
 use tokio::sync::mpsc;
@@ -316,12 +319,17 @@ impl Rules {
             Ok(None) => return Verdict::Ack,
             Err(reason) => return Verdict::Dead(reason),
         };
-        let Some(id) = header(headers, "ce-id") else {
+        let (Some(id), Some(event_type)) = (header(headers, "ce-id"), header(headers, "ce-type"))
+        else {
             return Verdict::Dead("missing ce-id".into());
         };
+        // A copy has the same type and body; the subject names the same type and order.
+        let digest = Digest::of(&[event_type.as_bytes(), payload]);
         let outcome = self
             .inbox
-            .process(id, move |conn| Box::pin(invoices::apply(conn, change)))
+            .process(id, &digest, move |conn| {
+                Box::pin(invoices::apply(conn, change))
+            })
             .await;
         if !matches!(outcome, Err(InboxError::Effect(ApplyError::NotYet(_)))) {
             self.settled(id);
@@ -336,6 +344,10 @@ impl Rules {
                 tracing::info!("duplicate delivery ignored");
                 Verdict::Ack
             }
+            Ok(Outcome::IdReused) => Verdict::Dead(format!(
+                "ce-id {id} was applied before for a message with another type or body: this \
+                 one is not a copy, and applying or dropping it would both be wrong"
+            )),
             Err(InboxError::Effect(ApplyError::NotYet(reason))) => {
                 let attempts = self.not_yet_again(id);
                 if attempts >= self.max_retries {

@@ -349,9 +349,14 @@ async fn hostile_messages_are_dead_lettered_and_nothing_loops() {
     })
     .await;
     assert_eq!(invoice, (700, "open".into()));
-    let stats = eventually("six dead letters", WAIT, || async {
+    // The ordinary order's ce-id reused for another order; then a true copy of it.
+    app.publish("m-ok", "OrderPlaced", "h-reused", placed("h-reused", 900))
+        .await;
+    app.publish("m-ok", "OrderPlaced", "o-ok", placed("o-ok", 700))
+        .await;
+    let stats = eventually("seven dead letters and the copy seen", WAIT, || async {
         let stats = app.stats().await;
-        (stats["dead"] == 6).then_some(stats)
+        (stats["dead"] == 7 && stats["duplicate"] == 1).then_some(stats)
     })
     .await;
     assert_eq!(stats["processed"], 1, "{stats}");
@@ -360,6 +365,12 @@ async fn hostile_messages_are_dead_lettered_and_nothing_loops() {
         .await
         .unwrap();
     assert_eq!(invoices, 1, "no hostile message was applied");
+    let reused: String =
+        sqlx::query_scalar("SELECT error FROM inbox_dead WHERE message_id = 'm-ok'")
+            .fetch_one(&app.pool)
+            .await
+            .unwrap();
+    assert!(reused.contains("applied before"), "{reused}");
     // The NUL byte is kept: the header value is stored as its bytes.
     let nul: Value = sqlx::query_scalar(
         "SELECT headers->'ce-id'->0 FROM inbox_dead WHERE headers->'ce-id'->0 ? 'hex'",

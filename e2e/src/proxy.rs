@@ -1,20 +1,29 @@
-//! A TCP proxy between a service and nats-server that can swallow the server's replies, so
-//! publishes reach the broker but their acknowledgements are lost.
+//! A TCP proxy between a client and a server on loopback that can swallow the server's replies
+//! (publishes reach nats-server but their acknowledgements are lost), or cut the path both ways
+//! while every connection stays open, as a dead network does: nothing gets through and neither
+//! side is told.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
 
-/// The proxy; it stops accepting when dropped.
+/// The proxy; it stops accepting, and drops its connections, when dropped.
 #[derive(Debug)]
 pub struct Proxy {
     /// The port clients connect to.
     pub port: u16,
-    swallow: Arc<AtomicBool>,
+    modes: Arc<Modes>,
     accept: JoinHandle<()>,
+}
+
+#[derive(Debug, Default)]
+struct Modes {
+    swallow: AtomicBool,
+    cut: AtomicBool,
 }
 
 impl Proxy {
@@ -22,19 +31,23 @@ impl Proxy {
     pub async fn start(upstream: u16) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("proxy port");
         let port = listener.local_addr().expect("address").port();
-        let swallow = Arc::new(AtomicBool::new(false));
-        let flag = swallow.clone();
+        let modes = Arc::new(Modes::default());
+        let shared = modes.clone();
         let accept = tokio::spawn(async move {
+            let mut pipes = tokio::task::JoinSet::new();
             while let Ok((client, _)) = listener.accept().await {
                 let Ok(server) = TcpStream::connect(("127.0.0.1", upstream)).await else {
                     continue;
                 };
-                tokio::spawn(pipe(client, server, flag.clone()));
+                let (client_read, client_write) = client.into_split();
+                let (server_read, server_write) = server.into_split();
+                pipes.spawn(forward(client_read, server_write, shared.clone(), false));
+                pipes.spawn(forward(server_read, client_write, shared.clone(), true));
             }
         });
         Self {
             port,
-            swallow,
+            modes,
             accept,
         }
     }
@@ -46,31 +59,44 @@ impl Proxy {
 
     /// While on, bytes from the server are read and dropped.
     pub fn swallow_replies(&self, on: bool) {
-        self.swallow.store(on, Ordering::SeqCst);
+        self.modes.swallow.store(on, Ordering::SeqCst);
+    }
+
+    /// While on, bytes either way are read and dropped, and a side that closes is not told to
+    /// the other: the connections look alive and carry nothing.
+    pub fn cut(&self, on: bool) {
+        self.modes.cut.store(on, Ordering::SeqCst);
     }
 }
 
 impl Drop for Proxy {
     fn drop(&mut self) {
+        // Dropping the accept task drops its JoinSet, which aborts every pipe.
         self.accept.abort();
     }
 }
 
-async fn pipe(client: TcpStream, server: TcpStream, swallow: Arc<AtomicBool>) {
-    let (mut client_read, mut client_write) = client.into_split();
-    let (mut server_read, mut server_write) = server.into_split();
-    let upstream = tokio::spawn(async move {
-        let _ = tokio::io::copy(&mut client_read, &mut server_write).await;
-    });
+/// Copies `from` to `to` until either side closes, dropping what the modes say to drop.
+async fn forward(
+    mut from: OwnedReadHalf,
+    mut to: OwnedWriteHalf,
+    modes: Arc<Modes>,
+    replies: bool,
+) {
     let mut buffer = vec![0_u8; 64 * 1024];
     loop {
-        let n = match server_read.read(&mut buffer).await {
+        let n = match from.read(&mut buffer).await {
             Ok(0) | Err(_) => break,
             Ok(n) => n,
         };
-        if !swallow.load(Ordering::SeqCst) && client_write.write_all(&buffer[..n]).await.is_err() {
+        let cut = modes.cut.load(Ordering::SeqCst);
+        let dropped = cut || (replies && modes.swallow.load(Ordering::SeqCst));
+        if !dropped && to.write_all(&buffer[..n]).await.is_err() {
             break;
         }
     }
-    upstream.abort();
+    if modes.cut.load(Ordering::SeqCst) {
+        // A dead network does not carry the close either.
+        std::future::pending::<()>().await;
+    }
 }

@@ -1,15 +1,19 @@
-//! The whole pipeline under broker faults: the relay wraps the real JetStream publisher with
-//! injected failures, billing consumes for real.
+//! The whole pipeline under broker faults (the relay wraps the real JetStream publisher with
+//! injected failures, billing consumes for real), and a relay cut off from its database.
 
 use std::cell::Cell;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::jetstream::context::ContextBuilder;
+use e2e::proxy::Proxy;
 use e2e::{Names, RunningApp, eventually};
 use orders_service::orders::{self, NewOrder};
 use outbox_core::testing::{Fault, FaultyPublisher};
 use outbox_core::{Backoff, JetStreamPublisher, Relay};
 use service_kit::testing;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use tokio::sync::Barrier;
 
 /// Twenty orders with totals 1000..=20000. The broker is unreachable for the first three
 /// publishes, and four PubAcks are lost after the broker stored the message. The relay drains
@@ -96,5 +100,111 @@ async fn twenty_orders_survive_broker_faults_and_lost_acks() {
 
     pool.close().await;
     billing.stop().await;
+    names.clean_up().await;
+}
+
+/// A relay cut off from PostgreSQL in the middle of a pass, its rows claimed and its
+/// connection silent but open (a dead network path): PostgreSQL ends its session after the
+/// relay's lease, so another relay publishes those rows; nothing waits for the lost relay.
+/// Without the lease the rows would stay locked for as long as the connection looks alive.
+#[tokio::test]
+async fn a_relay_cut_off_from_its_database_lets_its_rows_go() {
+    let names = Names::unique();
+    let config = names.orders_config();
+    let pool = service_kit::infra::connect_db(&config.common.database_url, 5)
+        .await
+        .unwrap();
+    orders_service::startup::migrate(&pool).await.unwrap();
+    for i in 1..=20 {
+        let order = NewOrder {
+            id: Some(format!("o{i}")),
+            customer: "ada".into(),
+            total_minor: i * 1000,
+        };
+        orders::place(&pool, order.validate().unwrap(), None)
+            .await
+            .unwrap();
+    }
+    let nats = async_nats::connect(testing::nats_url()).await.unwrap();
+    let jetstream = async_nats::jetstream::new(nats);
+    let spec = outbox_core::publisher::StreamSpec {
+        name: names.stream.clone(),
+        subjects: vec![format!("{}.>", names.prefix)],
+        duplicate_window: Duration::from_secs(120),
+        replicas: 1,
+    };
+    outbox_core::publisher::ensure_stream(&jetstream, &spec)
+        .await
+        .unwrap();
+
+    // Relay A reaches the database through a proxy, and its first publish waits for the test.
+    let options: PgConnectOptions = config.common.database_url.parse().unwrap();
+    let proxy = Proxy::start(options.get_port()).await;
+    let pool_a = PgPoolOptions::new()
+        .max_connections(2)
+        .connect_with(options.host("127.0.0.1").port(proxy.port))
+        .await
+        .unwrap();
+    let mut relay_config = config.relay.clone();
+    // The mechanism is under test, not the default's 30 s: a shorter lease, a shorter test.
+    relay_config.lease = Duration::from_secs(3);
+    let barrier = Arc::new(Barrier::new(2));
+    let publisher = FaultyPublisher::new(JetStreamPublisher::new(jetstream.clone()))
+        .with_first_call_barrier(barrier.clone());
+    let relay_a = Relay::new(pool_a, publisher, relay_config.clone());
+    let pass_a = tokio::spawn(async move { relay_a.run_once().await });
+    eventually(
+        "relay A to hold its claim",
+        Duration::from_secs(10),
+        || async {
+            let idle: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity
+             WHERE datname = current_database() AND state = 'idle in transaction'",
+            )
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+            (idle == 1).then_some(())
+        },
+    )
+    .await;
+    proxy.cut(true);
+    // Relay A publishes (the broker is reachable) and cannot record it.
+    barrier.wait().await;
+
+    let relay_b = Relay::new(
+        pool.clone(),
+        JetStreamPublisher::new(jetstream.clone()),
+        relay_config,
+    );
+    let (relay_b, pool_ref) = (&relay_b, &pool);
+    eventually(
+        "relay B to publish the rows",
+        Duration::from_secs(30),
+        || async move {
+            relay_b.run_once().await.unwrap();
+            let stats = outbox_core::outbox::stats(pool_ref).await.unwrap();
+            (stats.pending == 0).then_some(())
+        },
+    )
+    .await;
+    assert!(!pass_a.is_finished(), "relay A is still cut off, unaware");
+    let stream_messages = jetstream
+        .get_stream(&names.stream)
+        .await
+        .unwrap()
+        .info()
+        .await
+        .unwrap()
+        .state
+        .messages;
+    assert_eq!(
+        stream_messages, 20,
+        "relay A's copies were dropped by the broker"
+    );
+
+    pass_a.abort();
+    drop(proxy);
+    pool.close().await;
     names.clean_up().await;
 }

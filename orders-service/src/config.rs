@@ -36,6 +36,7 @@ impl Config {
             base: millis("RELAY_BACKOFF_BASE_MS", relay.backoff.base)?,
             max: millis("RELAY_BACKOFF_MAX_MS", relay.backoff.max)?,
         };
+        relay.lease = millis("RELAY_LEASE_MS", relay.lease)?;
         let outbox_retention = millis("OUTBOX_RETENTION_MS", Duration::from_secs(24 * 3600))?;
         relay.delete_published = outbox_retention.is_zero();
         ensure(
@@ -59,6 +60,13 @@ impl Config {
             "NATS_PUBLISH_TIMEOUT_MS",
             !config.publish_timeout.is_zero(),
             "must be positive",
+        )?;
+        // A pass may wait for a wave (a send and its acknowledgements, a timeout each) while
+        // the pass before it finishes, then publish its own: within the lease with room to spare.
+        ensure(
+            "RELAY_LEASE_MS",
+            config.relay.lease >= 4 * config.publish_timeout,
+            "must be at least four times NATS_PUBLISH_TIMEOUT_MS",
         )?;
         Ok(config)
     }

@@ -23,7 +23,8 @@
 //! Metrics go through the [`metrics`](https://docs.rs/metrics) facade, so the application picks
 //! the exporter: `outbox_published_total`, `outbox_publish_failures_total`, `outbox_dead_total`,
 //! `outbox_commit_to_ack_seconds` (histogram), `outbox_relay_batch_size` (histogram),
-//! `inbox_processed_total`, `inbox_duplicates_total`, `inbox_dead_letters_total`.
+//! `inbox_processed_total`, `inbox_duplicates_total`, `inbox_id_reused_total`,
+//! `inbox_dead_letters_total`.
 
 pub mod backoff;
 pub mod cleanup;

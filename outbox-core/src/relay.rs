@@ -53,6 +53,13 @@ pub struct RelayConfig {
     /// them to [`crate::Cleanup`]). Cheaper for the database: a delete writes no new row
     /// version and no index entries.
     pub delete_published: bool,
+    /// Longest a pass holds its claimed rows. PostgreSQL ends the session of a relay that stays
+    /// silent inside its transaction for longer (`idle_in_transaction_session_timeout`, set
+    /// for the claim's transaction only), so a relay cut off from the database after a claim
+    /// lets its rows go to the other relays within this time; a pass starts no new wave of
+    /// publishes once half of it has gone (the rest stay pending for the next pass). Keep it
+    /// above four times the publisher's timeout.
+    pub lease: Duration,
 }
 
 impl RelayConfig {
@@ -70,6 +77,7 @@ impl RelayConfig {
                 max: Duration::from_secs(5),
             },
             delete_published: false,
+            lease: Duration::from_secs(30),
         }
     }
 }
@@ -252,10 +260,16 @@ impl<P: Publisher> Relay<P> {
     /// [`Relay::record`].
     async fn claim(&self) -> Result<Claim, Error> {
         let mut tx = self.pool.begin().await?;
+        storage::lease(&mut tx, self.config.lease).await?;
         let rows = storage::claim(&mut tx, self.config.batch_size).await?;
         let locked = rows.len();
         let rows = rows.into_iter().filter(|row| !row.held_back).collect();
-        Ok(Claim { tx, locked, rows })
+        Ok(Claim {
+            tx,
+            locked,
+            rows,
+            until: tokio::time::Instant::now() + self.config.lease / 2,
+        })
     }
 
     /// [`Relay::publish`] for a claim, if there is one.
@@ -269,7 +283,9 @@ impl<P: Publisher> Relay<P> {
     /// Publishes a claim's rows in waves, one event per aggregate each (see the module
     /// documentation).
     async fn publish(&self, claim: Claim) -> Pass {
-        let Claim { tx, rows, .. } = claim;
+        let Claim {
+            tx, rows, until, ..
+        } = claim;
         let mut pass = Pass {
             report: BatchReport {
                 claimed: rows.len(),
@@ -283,6 +299,12 @@ impl<P: Publisher> Relay<P> {
         let mut failed_aggregates = vec![false; aggregates];
         let (mut reached, mut unreached) = (false, false);
         for wave in waves {
+            if tokio::time::Instant::now() >= until {
+                // Its session may soon be ended (see `RelayConfig::lease`): what is left stays
+                // pending, untouched, for the next pass.
+                tracing::warn!("pass out of time; the rest of its rows wait for the next pass");
+                break;
+            }
             // Later events of a failed aggregate must not overtake the failed one.
             let mut wave: Vec<(usize, Claimed)> = wave
                 .into_iter()
@@ -503,6 +525,8 @@ struct Claim {
     locked: usize,
     /// Rows to publish, in seq order.
     rows: Vec<Claimed>,
+    /// No wave of publishes starts after this: half the lease.
+    until: tokio::time::Instant,
 }
 
 /// A pass whose rows were published (or failed) but not yet recorded: its transaction still

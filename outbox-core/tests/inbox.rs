@@ -3,6 +3,7 @@
 mod common;
 
 use common::migrate;
+use outbox_core::inbox::Digest;
 use outbox_core::{Inbox, InboxError, Outcome};
 use sqlx::PgPool;
 
@@ -28,7 +29,7 @@ async fn second_delivery_is_a_duplicate_and_runs_nothing(pool: PgPool) {
         Outcome::Duplicate,
     ] {
         let outcome = inbox
-            .process("m1", |conn| {
+            .process("m1", &Digest::of(&[b"body"]), |conn| {
                 Box::pin(async move {
                     sqlx::query("INSERT INTO effects VALUES (1)")
                         .execute(conn)
@@ -46,7 +47,7 @@ async fn second_delivery_is_a_duplicate_and_runs_nothing(pool: PgPool) {
     // Another consumer has its own inbox.
     let other = Inbox::new(pool.clone(), "audit");
     let outcome = other
-        .process("m1", |_| {
+        .process("m1", &Digest::of(&[b"body"]), |_| {
             Box::pin(async { Ok::<_, std::convert::Infallible>(()) })
         })
         .await
@@ -63,7 +64,7 @@ async fn failed_effect_records_nothing_and_can_run_again(pool: PgPool) {
         .unwrap();
     let inbox = Inbox::new(pool.clone(), "billing");
     let failed = inbox
-        .process("m1", |conn| {
+        .process("m1", &Digest::of(&[b"body"]), |conn| {
             Box::pin(async move {
                 sqlx::query("INSERT INTO effects VALUES (1)")
                     .execute(conn)
@@ -83,7 +84,7 @@ async fn failed_effect_records_nothing_and_can_run_again(pool: PgPool) {
     );
 
     let retried = inbox
-        .process("m1", |conn| {
+        .process("m1", &Digest::of(&[b"body"]), |conn| {
             Box::pin(async move {
                 sqlx::query("INSERT INTO effects VALUES (1)")
                     .execute(conn)
@@ -114,7 +115,7 @@ async fn concurrent_and_replayed_deliveries_count_once(pool: PgPool) {
         let inbox = inbox.clone();
         tokio::spawn(async move {
             inbox
-                .process(&id, |conn| {
+                .process(&id, &Digest::of(&[id.as_bytes()]), |conn| {
                     Box::pin(async move {
                         sqlx::query("UPDATE counter SET n = n + 1")
                             .execute(conn)
@@ -151,4 +152,60 @@ async fn concurrent_and_replayed_deliveries_count_once(pool: PgPool) {
     assert_eq!(counter().await, 20);
     let stats = inbox.stats().await.unwrap();
     assert_eq!((stats.processed, stats.duplicate), (20, 20 * 7 + 20));
+}
+
+/// An id seen before is a copy only with the same content: another message under a reused id
+/// runs nothing, is not counted as a duplicate, and leaves the first message's record as it was.
+#[sqlx::test(migrations = false)]
+async fn an_id_reused_for_other_content_is_no_duplicate(pool: PgPool) {
+    migrate(&pool).await;
+    sqlx::raw_sql("CREATE TABLE counter (n int NOT NULL); INSERT INTO counter VALUES (0)")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let inbox = Inbox::new(pool.clone(), "billing");
+    let deliver = |parts: &'static [&'static [u8]]| {
+        let inbox = inbox.clone();
+        async move {
+            inbox
+                .process("m1", &Digest::of(parts), |conn| {
+                    Box::pin(async move {
+                        sqlx::query("UPDATE counter SET n = n + 1")
+                            .execute(conn)
+                            .await
+                            .map(drop)
+                    })
+                })
+                .await
+                .unwrap()
+        }
+    };
+    assert_eq!(
+        deliver(&[b"OrderPlaced", b"{\"a\":1}"]).await,
+        Outcome::Processed(())
+    );
+    assert_eq!(
+        deliver(&[b"OrderPlaced", b"{\"a\":2}"]).await,
+        Outcome::IdReused
+    );
+    assert_eq!(
+        deliver(&[b"OrderPaid", b"{\"a\":1}"]).await,
+        Outcome::IdReused
+    );
+    // Part boundaries count: the same bytes split differently are other content.
+    assert_eq!(
+        deliver(&[b"OrderPlaced{", b"\"a\":1}"]).await,
+        Outcome::IdReused
+    );
+    assert_eq!(
+        deliver(&[b"OrderPlaced", b"{\"a\":1}"]).await,
+        Outcome::Duplicate
+    );
+    let n: i32 = sqlx::query_scalar("SELECT n FROM counter")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(n, 1);
+    let stats = inbox.stats().await.unwrap();
+    assert_eq!((stats.processed, stats.duplicate), (1, 1));
 }

@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::{TestStream, enqueue, eventually, migrate};
+use outbox_core::inbox::Digest;
 use outbox_core::testing::{Fault, FaultyPublisher, InFlight};
 use outbox_core::{Backoff, Relay, outbox};
 use serde_json::json;
@@ -164,7 +165,7 @@ async fn always_failing_event_becomes_dead_and_cleanup_keeps_it(pool: PgPool) {
 
     let inbox = outbox_core::Inbox::new(pool.clone(), "billing");
     let outcome = inbox
-        .process("m1", |_conn| {
+        .process("m1", &Digest::of(&[b"body"]), |_conn| {
             Box::pin(async { Ok::<_, std::convert::Infallible>(()) })
         })
         .await

@@ -1,9 +1,11 @@
 //! The consumer side: apply a message's effect at most once per consumer.
 //!
-//! [`Inbox::process`] records the message id and runs the effect in one transaction. A second
-//! delivery of the same id finds the row and returns [`Outcome::Duplicate`] without running the
-//! effect; a failed effect rolls back the record too, so a later delivery tries again. Messages
-//! that can never be applied are kept as dead letters ([`Inbox::dead_letter`]).
+//! [`Inbox::process`] records the message id, with a [`Digest`] of its content, and runs the
+//! effect in one transaction. A second delivery of the same id and content finds the row and
+//! returns [`Outcome::Duplicate`] without running the effect; the same id with other content is
+//! not a copy but a producer reusing an id, [`Outcome::IdReused`], and nothing runs either. A
+//! failed effect rolls back the record too, so a later delivery tries again. Messages that can
+//! never be applied are kept as dead letters ([`Inbox::dead_letter`]).
 
 pub(crate) mod storage;
 
@@ -12,6 +14,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use futures::future::BoxFuture;
 use serde::Serialize;
+use sha2::{Digest as _, Sha256};
 use sqlx::{PgConnection, PgPool};
 
 use crate::Error;
@@ -23,6 +26,33 @@ pub enum Outcome<T> {
     Processed(T),
     /// The message was processed before; nothing ran.
     Duplicate,
+    /// Its id was processed before for a message with different content: this one is not a
+    /// copy, and nothing ran. Keep it as a dead letter; acknowledging it would lose it.
+    IdReused,
+}
+
+/// What a message says, reduced to 32 bytes: kept with its inbox record, so that a later
+/// delivery under the same id is recognised as a copy only when its content is the same.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Digest([u8; 32]);
+
+impl Digest {
+    /// The SHA-256 of `parts` (e.g. the message's type and body), each prefixed by its length
+    /// so that moving bytes from one part to the next changes the digest. Copies must be
+    /// byte-identical: the relay's are, since it publishes the stored row again.
+    pub fn of(parts: &[&[u8]]) -> Self {
+        let mut hasher = Sha256::new();
+        for part in parts {
+            hasher.update((part.len() as u64).to_be_bytes());
+            hasher.update(part);
+        }
+        Self(hasher.finalize().into())
+    }
+
+    /// The digest's bytes.
+    pub fn as_bytes(&self) -> &[u8; 32] {
+        &self.0
+    }
 }
 
 /// Why [`Inbox::process`] did not commit.
@@ -107,24 +137,34 @@ impl Inbox {
     }
 
     /// Runs `effect` for `message_id` unless this consumer already processed it, in one
-    /// transaction with the inbox record.
+    /// transaction with the inbox record; `digest` is the message's content (see [`Digest`]).
     ///
     /// Concurrent deliveries of the same id are safe: the second waits on the first's record
     /// and then sees a duplicate (or, if the first rolled back, runs the effect itself).
     pub async fn process<T, E, F>(
         &self,
         message_id: &str,
+        digest: &Digest,
         effect: F,
     ) -> Result<Outcome<T>, InboxError<E>>
     where
         F: for<'c> FnOnce(&'c mut PgConnection) -> BoxFuture<'c, Result<T, E>>,
     {
         let mut tx = self.pool.begin().await?;
-        if !storage::record(&mut tx, &self.consumer, message_id).await? {
-            // Commits the duplicate counter.
-            tx.commit().await?;
-            metrics::counter!("inbox_duplicates_total").increment(1);
-            return Ok(Outcome::Duplicate);
+        match storage::record(&mut tx, &self.consumer, message_id, digest).await? {
+            storage::Recorded::New => {}
+            storage::Recorded::Copy => {
+                // Commits the duplicate counter.
+                tx.commit().await?;
+                metrics::counter!("inbox_duplicates_total").increment(1);
+                return Ok(Outcome::Duplicate);
+            }
+            storage::Recorded::OtherContent => {
+                // Rolls back the counter: this was no duplicate.
+                tx.rollback().await?;
+                metrics::counter!("inbox_id_reused_total").increment(1);
+                return Ok(Outcome::IdReused);
+            }
         }
         let value = effect(&mut tx).await.map_err(InboxError::Effect)?;
         tx.commit().await?;

@@ -4,26 +4,44 @@ use std::time::Duration;
 
 use sqlx::{PgConnection, PgPool};
 
-use super::{DeadLetter, InboxStats, NewDeadLetter};
+use super::{DeadLetter, Digest, InboxStats, NewDeadLetter};
 
-/// Records `message_id` for `consumer`; false (and the duplicate counted) if it was there.
+/// What [`record`] found.
+pub(crate) enum Recorded {
+    /// The id is new: recorded.
+    New,
+    /// The id was there with the same digest: the duplicate is counted.
+    Copy,
+    /// The id was there with another digest (the count is to be rolled back).
+    OtherContent,
+}
+
+/// Records `message_id` with `digest` for `consumer`, or says what was there.
 pub(crate) async fn record(
     conn: &mut PgConnection,
     consumer: &str,
     message_id: &str,
-) -> sqlx::Result<bool> {
-    // xmax = 0 only on a freshly inserted row; on conflict the row was updated instead.
-    sqlx::query_scalar!(
+    digest: &Digest,
+) -> sqlx::Result<Recorded> {
+    // xmax = 0 only on a freshly inserted row; on conflict the row was updated instead, and
+    // RETURNING sees its digest as it was. A row from before digests were kept matches any copy.
+    let row = sqlx::query!(
         r#"
-        INSERT INTO inbox (consumer, message_id) VALUES ($1, $2)
+        INSERT INTO inbox (consumer, message_id, digest) VALUES ($1, $2, $3)
         ON CONFLICT (consumer, message_id) DO UPDATE SET duplicates = inbox.duplicates + 1
-        RETURNING (xmax = 0) AS "inserted!"
+        RETURNING (xmax = 0) AS "inserted!", (digest IS NULL OR digest = $3) AS "same!"
         "#,
         consumer,
         message_id,
+        digest.as_bytes().as_slice(),
     )
     .fetch_one(conn)
-    .await
+    .await?;
+    Ok(match (row.inserted, row.same) {
+        (true, _) => Recorded::New,
+        (false, true) => Recorded::Copy,
+        (false, false) => Recorded::OtherContent,
+    })
 }
 
 /// Inserts a dead letter and returns its id.

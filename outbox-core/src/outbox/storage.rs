@@ -57,6 +57,19 @@ pub(crate) async fn insert(
     Ok(())
 }
 
+/// Has PostgreSQL end this session should it stay idle in the current transaction longer
+/// than `lease`, which rolls the transaction back and lets its row locks go.
+pub(crate) async fn lease(conn: &mut PgConnection, lease: Duration) -> sqlx::Result<()> {
+    let timeout = format!("{}ms", lease.as_millis());
+    sqlx::query_scalar!(
+        "SELECT set_config('idle_in_transaction_session_timeout', $1, true)",
+        timeout,
+    )
+    .fetch_one(conn)
+    .await?;
+    Ok(())
+}
+
 /// Locks up to `limit` due pending rows (skipping rows other relays hold) and returns them in
 /// seq order, each marked `held_back` unless it heads its aggregate: every earlier unpublished
 /// event of the aggregate is in the same claim.
