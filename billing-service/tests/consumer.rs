@@ -172,9 +172,16 @@ async fn paid_before_placed_is_retried_not_lost() {
     app.stop().await;
 }
 
+/// Every copy after the first is a duplicate: the inbox alone keeps it from being applied
+/// again (a log of every committed application counts, not the invoices, which the UNIQUE
+/// order id and the insert's ON CONFLICT would keep at one whatever billing did).
 #[tokio::test]
 async fn redelivered_message_changes_nothing() {
     let app = TestApp::spawn().await;
+    sqlx::raw_sql(include_str!("applications.sql"))
+        .execute(&app.pool)
+        .await
+        .unwrap();
     for _ in 0..3 {
         app.publish("m-same", "OrderPlaced", "o1", placed("o1", 900))
             .await;
@@ -188,11 +195,11 @@ async fn redelivered_message_changes_nothing() {
     })
     .await;
     assert_eq!(stats["dead"], 0);
-    let invoices: i64 = sqlx::query_scalar("SELECT count(*) FROM invoices")
+    let applications: i64 = sqlx::query_scalar("SELECT count(*) FROM test_applications")
         .fetch_one(&app.pool)
         .await
         .unwrap();
-    assert_eq!(invoices, 2);
+    assert_eq!(applications, 2, "one application per message");
     app.stop().await;
 }
 

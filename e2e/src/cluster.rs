@@ -101,6 +101,8 @@ impl Cluster {
                 Service::start(Kind::Billing, cluster.env(Kind::Billing), &cluster.dir).await;
             cluster.billing.push(service);
         }
+        // Billing has migrated its database; no message was applied yet.
+        checker::log_applications(&cluster.billing_pool).await;
         cluster
     }
 

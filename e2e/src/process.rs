@@ -18,11 +18,15 @@ pub fn free_port() -> u16 {
         .expect("a free port")
 }
 
-/// Builds the service binaries once per test process with `scripts/build-services` (the
-/// Dockerfile's build) and returns the path of `name`.
+/// The path of service binary `name`: in `SERVICES_BIN_DIR` when set (`scripts/test` sets it
+/// to the binaries it copied out of the image), else built once per test process with
+/// `scripts/build-services` (the Dockerfile's build).
 pub fn binary(name: &str) -> PathBuf {
     static BIN_DIR: OnceLock<PathBuf> = OnceLock::new();
     let dir = BIN_DIR.get_or_init(|| {
+        if let Some(dir) = std::env::var_os("SERVICES_BIN_DIR").filter(|dir| !dir.is_empty()) {
+            return PathBuf::from(dir);
+        }
         let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
         let status = std::process::Command::new(workspace.join("scripts/build-services"))
             .arg("--quiet")
