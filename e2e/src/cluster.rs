@@ -133,7 +133,7 @@ impl Cluster {
             // The one setting changed: redelivery after 2 s instead of 30 s. The scenarios that
             // SIGKILL billing (after commit and before ack, two of each with kills, the NATS
             // cluster) need the dead process's unacknowledged messages back within the
-            // checker's minute, after several kills in a row. When a copy comes is no matter
+            // checker's bound, after several kills in a row. When a copy comes is no matter
             // to the inbox, which is what they check. The default stays 30 s (JetStream's):
             // shorter, a slow transaction in production would be delivered a second time
             // while the first is still running.

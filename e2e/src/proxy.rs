@@ -1,7 +1,7 @@
 //! A TCP proxy between a client and a server on loopback that can swallow the server's replies
 //! (publishes reach nats-server but their acknowledgements are lost), or cut the path both ways
-//! while every connection stays open, as a dead network does: nothing gets through and neither
-//! side is told.
+//! for good while every connection stays open, as a dead network does: nothing gets through
+//! and neither side is told.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -36,6 +36,7 @@ impl Proxy {
         let accept = tokio::spawn(async move {
             let mut pipes = tokio::task::JoinSet::new();
             while let Ok((client, _)) = listener.accept().await {
+                while pipes.try_join_next().is_some() {}
                 let Ok(server) = TcpStream::connect(("127.0.0.1", upstream)).await else {
                     continue;
                 };
@@ -62,10 +63,11 @@ impl Proxy {
         self.modes.swallow.store(on, Ordering::SeqCst);
     }
 
-    /// While on, bytes either way are read and dropped, and a side that closes is not told to
-    /// the other: the connections look alive and carry nothing.
-    pub fn cut(&self, on: bool) {
-        self.modes.cut.store(on, Ordering::SeqCst);
+    /// From now on bytes either way are read and dropped, and a side that closes is not told
+    /// to the other: the connections look alive and carry nothing. There is no way back (the
+    /// bytes dropped are gone); drop the proxy to close them.
+    pub fn cut(&self) {
+        self.modes.cut.store(true, Ordering::SeqCst);
     }
 }
 

@@ -55,7 +55,7 @@ async fn a_three_minute_broker_outage_needs_no_operator() {
     const OUTAGE: Duration = Duration::from_secs(180);
     let mut cluster = Cluster::start(1, 1).await;
     // One client: three minutes of it is a backlog of thousands, which drains well within the
-    // checker's minute.
+    // checker's bound.
     let load = cluster.load(1, false);
     load.progress(STEP).await;
     cluster.nats[0].kill().await;

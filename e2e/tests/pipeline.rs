@@ -25,21 +25,7 @@ async fn twenty_orders_survive_broker_faults_and_lost_acks() {
     let billing = RunningApp::billing(names.billing_config()).await;
     e2e::checker::log_applications(&billing.pool).await;
     let config = names.orders_config();
-    let pool = service_kit::infra::connect_db(&config.common.database_url, 5)
-        .await
-        .unwrap();
-    orders_service::startup::migrate(&pool).await.unwrap();
-
-    for i in 1..=20 {
-        let order = NewOrder {
-            id: Some(format!("o{i}")),
-            customer: "ada".into(),
-            total_minor: i * 1000,
-        };
-        orders::place(&pool, order.validate().unwrap(), None)
-            .await
-            .unwrap();
-    }
+    let pool = twenty_orders(&config).await;
 
     let nats = async_nats::connect(testing::nats_url()).await.unwrap();
     let jetstream = ContextBuilder::new()
@@ -109,20 +95,7 @@ async fn twenty_orders_survive_broker_faults_and_lost_acks() {
 async fn a_relay_cut_off_from_its_database_lets_its_rows_go() {
     let names = Names::unique();
     let config = names.orders_config();
-    let pool = service_kit::infra::connect_db(&config.common.database_url, 5)
-        .await
-        .unwrap();
-    orders_service::startup::migrate(&pool).await.unwrap();
-    for i in 1..=20 {
-        let order = NewOrder {
-            id: Some(format!("o{i}")),
-            customer: "ada".into(),
-            total_minor: i * 1000,
-        };
-        orders::place(&pool, order.validate().unwrap(), None)
-            .await
-            .unwrap();
-    }
+    let pool = twenty_orders(&config).await;
     let nats = async_nats::connect(testing::nats_url()).await.unwrap();
     let jetstream = async_nats::jetstream::new(nats);
     let spec = outbox_core::publisher::StreamSpec {
@@ -146,15 +119,22 @@ async fn a_relay_cut_off_from_its_database_lets_its_rows_go() {
     let mut relay_config = config.relay.clone();
     // The mechanism is under test, not the default's 30 s: a shorter lease, a shorter test.
     relay_config.lease = Duration::from_secs(3);
-    let gate = Gate::new(JetStreamPublisher::new(jetstream.clone()));
-    let (arrived, release) = (gate.arrived.clone(), gate.release.clone());
+    // The lease must outlast a wave: four times the publish timeout.
+    let gate = Gate::new(
+        JetStreamPublisher::new(jetstream.clone()).with_timeout(Duration::from_millis(500)),
+    );
+    let (arrived, release, published_by_a) = (
+        gate.arrived.clone(),
+        gate.release.clone(),
+        gate.published.clone(),
+    );
     let relay_a = Relay::new(pool_a, gate, relay_config.clone());
     let pass_a = tokio::spawn(async move { relay_a.run_once().await });
     // Relay A has its claim, and holds it while publishing.
     tokio::time::timeout(Duration::from_secs(10), arrived.notified())
         .await
         .expect("relay A claimed and began to publish");
-    proxy.cut(true);
+    proxy.cut();
     // Relay A publishes (the broker is reachable) and cannot record it.
     release.notify_one();
 
@@ -175,6 +155,10 @@ async fn a_relay_cut_off_from_its_database_lets_its_rows_go() {
     )
     .await;
     assert!(!pass_a.is_finished(), "relay A is still cut off, unaware");
+    eventually("relay A's publishes", Duration::from_secs(10), || async {
+        (published_by_a.load(std::sync::atomic::Ordering::SeqCst) == 20).then_some(())
+    })
+    .await;
     let stream_messages = jetstream
         .get_stream(&names.stream)
         .await
@@ -195,12 +179,14 @@ async fn a_relay_cut_off_from_its_database_lets_its_rows_go() {
     names.clean_up().await;
 }
 
-/// A publisher whose first call says it arrived, then waits until released.
+/// A publisher whose first call says it arrived, then waits until released; it counts the
+/// messages the broker acknowledged.
 struct Gate<P> {
     inner: P,
     first: std::sync::atomic::AtomicBool,
     arrived: Arc<Notify>,
     release: Arc<Notify>,
+    published: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl<P> Gate<P> {
@@ -210,6 +196,7 @@ impl<P> Gate<P> {
             first: true.into(),
             arrived: Arc::default(),
             release: Arc::default(),
+            published: Arc::default(),
         }
     }
 }
@@ -220,6 +207,29 @@ impl<P: Publisher> Publisher for Gate<P> {
             self.arrived.notify_one();
             self.release.notified().await;
         }
-        self.inner.publish(messages).await
+        let results = self.inner.publish(messages).await;
+        let acknowledged = results.iter().filter(|result| result.is_ok()).count();
+        self.published
+            .fetch_add(acknowledged, std::sync::atomic::Ordering::SeqCst);
+        results
     }
+}
+
+/// The orders database of `config`, migrated, with twenty orders placed (totals 1000..=20000).
+async fn twenty_orders(config: &orders_service::Config) -> sqlx::PgPool {
+    let pool = service_kit::infra::connect_db(&config.common.database_url, 5)
+        .await
+        .unwrap();
+    orders_service::startup::migrate(&pool).await.unwrap();
+    for i in 1..=20 {
+        let order = NewOrder {
+            id: Some(format!("o{i}")),
+            customer: "ada".into(),
+            total_minor: i * 1000,
+        };
+        orders::place(&pool, order.validate().unwrap(), None)
+            .await
+            .unwrap();
+    }
+    pool
 }

@@ -61,12 +61,19 @@ impl Config {
             !config.publish_timeout.is_zero(),
             "must be positive",
         )?;
-        // A pass may wait for a wave (a send and its acknowledgements, a timeout each) while
-        // the pass before it finishes, then publish its own: within the lease with room to spare.
+        // A pass starts waves for half the lease, and one wave takes up to a send and its
+        // acknowledgements (a timeout each) per publish window its batch fills: the lease must
+        // hold the last wave with room to spare.
+        let windows = config
+            .relay
+            .batch_size
+            .unsigned_abs()
+            .div_ceil(outbox_core::JetStreamPublisher::DEFAULT_WINDOW as u64)
+            .max(1) as u32;
         ensure(
             "RELAY_LEASE_MS",
-            config.relay.lease >= 4 * config.publish_timeout,
-            "must be at least four times NATS_PUBLISH_TIMEOUT_MS",
+            config.relay.lease > 4 * windows * config.publish_timeout,
+            "must be more than four times NATS_PUBLISH_TIMEOUT_MS per 4096 rows of RELAY_BATCH_SIZE",
         )?;
         Ok(config)
     }

@@ -58,7 +58,8 @@ pub struct RelayConfig {
     /// for the claim's transaction only), so a relay cut off from the database after a claim
     /// lets its rows go to the other relays within this time; a pass starts no new wave of
     /// publishes once half of it has gone (the rest stay pending for the next pass). Keep it
-    /// above four times the publisher's timeout.
+    /// above four times the longest a wave can take (the publisher's timeout, times the
+    /// number of its windows a batch fills).
     pub lease: Duration,
 }
 
@@ -264,12 +265,7 @@ impl<P: Publisher> Relay<P> {
         let rows = storage::claim(&mut tx, self.config.batch_size).await?;
         let locked = rows.len();
         let rows = rows.into_iter().filter(|row| !row.held_back).collect();
-        Ok(Claim {
-            tx,
-            locked,
-            rows,
-            until: tokio::time::Instant::now() + self.config.lease / 2,
-        })
+        Ok(Claim { tx, locked, rows })
     }
 
     /// [`Relay::publish`] for a claim, if there is one.
@@ -283,9 +279,7 @@ impl<P: Publisher> Relay<P> {
     /// Publishes a claim's rows in waves, one event per aggregate each (see the module
     /// documentation).
     async fn publish(&self, claim: Claim) -> Pass {
-        let Claim {
-            tx, rows, until, ..
-        } = claim;
+        let Claim { tx, rows, .. } = claim;
         let mut pass = Pass {
             report: BatchReport {
                 claimed: rows.len(),
@@ -295,6 +289,16 @@ impl<P: Publisher> Relay<P> {
             published: Vec::new(),
             failed: Failures::default(),
         };
+        // The lease runs from each statement: renewed now, since a full claim may have waited a
+        // round, and after the last wave, since the record may wait for another pass.
+        if storage::lease(&mut pass.tx, self.config.lease)
+            .await
+            .is_err()
+        {
+            // The connection is gone: nothing is published, and the record says why.
+            return pass;
+        }
+        let until = tokio::time::Instant::now() + self.config.lease / 2;
         let (waves, aggregates) = into_waves(rows);
         let mut failed_aggregates = vec![false; aggregates];
         let (mut reached, mut unreached) = (false, false);
@@ -351,6 +355,8 @@ impl<P: Publisher> Relay<P> {
             }
         }
         self.note_reachability(reached, unreached);
+        // An error here is the record's to report.
+        let _ = storage::lease(&mut pass.tx, self.config.lease).await;
         pass
     }
 
@@ -525,8 +531,6 @@ struct Claim {
     locked: usize,
     /// Rows to publish, in seq order.
     rows: Vec<Claimed>,
-    /// No wave of publishes starts after this: half the lease.
-    until: tokio::time::Instant,
 }
 
 /// A pass whose rows were published (or failed) but not yet recorded: its transaction still

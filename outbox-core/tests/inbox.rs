@@ -15,6 +15,36 @@ async fn count(pool: &PgPool, table: &str) -> i64 {
         .unwrap()
 }
 
+/// A counter with no constraint behind it: the effect of the inbox tests that is not idempotent.
+async fn create_counter(pool: &PgPool) {
+    sqlx::raw_sql("CREATE TABLE counter (n int NOT NULL); INSERT INTO counter VALUES (0)")
+        .execute(pool)
+        .await
+        .unwrap();
+}
+
+/// Delivers message `id` with `digest` to `inbox`, whose effect adds one to the counter.
+async fn count_up(inbox: &Inbox, id: &str, digest: &Digest) -> Outcome<()> {
+    inbox
+        .process(id, digest, |conn| {
+            Box::pin(async move {
+                sqlx::query("UPDATE counter SET n = n + 1")
+                    .execute(conn)
+                    .await
+                    .map(drop)
+            })
+        })
+        .await
+        .unwrap()
+}
+
+async fn counter(pool: &PgPool) -> i32 {
+    sqlx::query_scalar("SELECT n FROM counter")
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
 #[sqlx::test(migrations = false)]
 async fn second_delivery_is_a_duplicate_and_runs_nothing(pool: PgPool) {
     migrate(&pool).await;
@@ -106,32 +136,11 @@ async fn failed_effect_records_nothing_and_can_run_again(pool: PgPool) {
 #[sqlx::test(migrations = false)]
 async fn concurrent_and_replayed_deliveries_count_once(pool: PgPool) {
     migrate(&pool).await;
-    sqlx::raw_sql("CREATE TABLE counter (n int NOT NULL); INSERT INTO counter VALUES (0)")
-        .execute(&pool)
-        .await
-        .unwrap();
+    create_counter(&pool).await;
     let inbox = Inbox::new(pool.clone(), "billing");
     let deliver = |id: String| {
         let inbox = inbox.clone();
-        tokio::spawn(async move {
-            inbox
-                .process(&id, &Digest::of(&[id.as_bytes()]), |conn| {
-                    Box::pin(async move {
-                        sqlx::query("UPDATE counter SET n = n + 1")
-                            .execute(conn)
-                            .await
-                            .map(drop)
-                    })
-                })
-                .await
-                .unwrap()
-        })
-    };
-    let counter = || async {
-        sqlx::query_scalar::<_, i32>("SELECT n FROM counter")
-            .fetch_one(&pool)
-            .await
-            .unwrap()
+        tokio::spawn(async move { count_up(&inbox, &id, &Digest::of(&[id.as_bytes()])).await })
     };
 
     for message in 0..20 {
@@ -143,13 +152,13 @@ async fn concurrent_and_replayed_deliveries_count_once(pool: PgPool) {
             .count();
         assert_eq!(applied, 1, "message m{message}");
     }
-    assert_eq!(counter().await, 20);
+    assert_eq!(counter(&pool).await, 20);
 
     for message in 0..20 {
         let outcome = deliver(format!("m{message}")).await.unwrap();
         assert_eq!(outcome, Outcome::Duplicate);
     }
-    assert_eq!(counter().await, 20);
+    assert_eq!(counter(&pool).await, 20);
     let stats = inbox.stats().await.unwrap();
     assert_eq!((stats.processed, stats.duplicate), (20, 20 * 7 + 20));
 }
@@ -159,26 +168,11 @@ async fn concurrent_and_replayed_deliveries_count_once(pool: PgPool) {
 #[sqlx::test(migrations = false)]
 async fn an_id_reused_for_other_content_is_no_duplicate(pool: PgPool) {
     migrate(&pool).await;
-    sqlx::raw_sql("CREATE TABLE counter (n int NOT NULL); INSERT INTO counter VALUES (0)")
-        .execute(&pool)
-        .await
-        .unwrap();
+    create_counter(&pool).await;
     let inbox = Inbox::new(pool.clone(), "billing");
     let deliver = |parts: &'static [&'static [u8]]| {
         let inbox = inbox.clone();
-        async move {
-            inbox
-                .process("m1", &Digest::of(parts), |conn| {
-                    Box::pin(async move {
-                        sqlx::query("UPDATE counter SET n = n + 1")
-                            .execute(conn)
-                            .await
-                            .map(drop)
-                    })
-                })
-                .await
-                .unwrap()
-        }
+        async move { count_up(&inbox, "m1", &Digest::of(parts)).await }
     };
     assert_eq!(
         deliver(&[b"OrderPlaced", b"{\"a\":1}"]).await,
@@ -201,11 +195,7 @@ async fn an_id_reused_for_other_content_is_no_duplicate(pool: PgPool) {
         deliver(&[b"OrderPlaced", b"{\"a\":1}"]).await,
         Outcome::Duplicate
     );
-    let n: i32 = sqlx::query_scalar("SELECT n FROM counter")
-        .fetch_one(&pool)
-        .await
-        .unwrap();
-    assert_eq!(n, 1);
+    assert_eq!(counter(&pool).await, 1);
     let stats = inbox.stats().await.unwrap();
     assert_eq!((stats.processed, stats.duplicate), (1, 1));
 }

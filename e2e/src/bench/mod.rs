@@ -134,7 +134,7 @@ pub fn progress(what: &str) {
 /// Runs every phase, then writes and prints the report; returns the results folder.
 pub async fn run(options: &Options) -> anyhow::Result<PathBuf> {
     let started_at = chrono::Utc::now();
-    progress("building the service binaries (scripts/build-services)");
+    progress("the service binaries: SERVICES_BIN_DIR, or scripts/build-services builds them");
     crate::process::binary("orders-service");
 
     let postgres_tls = postgres_tls().await?;
