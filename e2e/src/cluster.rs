@@ -116,7 +116,7 @@ impl Cluster {
             || testing::database_url(database),
             |pg| pg.database_url(database),
         );
-        let mut env = vec![
+        let env = vec![
             (
                 "RUST_LOG",
                 if self.info_logs { "info" } else { "warn" }.to_owned(),
@@ -127,18 +127,9 @@ impl Cluster {
             ("NATS_STREAM_REPLICAS", self.stream_replicas.to_string()),
             ("NATS_SUBJECT_PREFIX", self.names.prefix.clone()),
         ];
-        match kind {
-            // The relay runs its defaults: outages, lost acks and kills must not need tuning.
-            Kind::Orders => {}
-            // The one setting changed: redelivery after 2 s instead of 30 s. The scenarios that
-            // SIGKILL billing (after commit and before ack, two of each with kills, the NATS
-            // cluster) need the dead process's unacknowledged messages back within the
-            // checker's bound, after several kills in a row. When a copy comes is no matter
-            // to the inbox, which is what they check. The default stays 30 s (JetStream's):
-            // shorter, a slow transaction in production would be delivered a second time
-            // while the first is still running.
-            Kind::Billing => env.push(("CONSUMER_ACK_WAIT_MS", "2000".to_owned())),
-        }
+        // Both services run their defaults: outages, lost acks and kills must not need
+        // tuning. A SIGKILLed billing's unacknowledged messages come back after the default
+        // 30 s ack wait, inside the checker's two minutes.
         env.into_iter().map(|(k, v)| (k.to_owned(), v)).collect()
     }
 

@@ -57,15 +57,7 @@ async fn twenty_orders_survive_broker_faults_and_lost_acks() {
     assert_eq!(outbox_core::outbox::stats(&pool).await.unwrap().dead, 0);
 
     // The broker dropped the re-sent copies of the four stored messages.
-    let stream_messages = jetstream
-        .get_stream(&names.stream)
-        .await
-        .unwrap()
-        .info()
-        .await
-        .unwrap()
-        .state
-        .messages;
+    let stream_messages = stream_messages(&jetstream, &names.stream).await;
     assert_eq!(stream_messages, 20);
 
     let (count, sum) = eventually("20 invoices", Duration::from_secs(20), || async {
@@ -159,15 +151,7 @@ async fn a_relay_cut_off_from_its_database_lets_its_rows_go() {
         (published_by_a.load(std::sync::atomic::Ordering::SeqCst) == 20).then_some(())
     })
     .await;
-    let stream_messages = jetstream
-        .get_stream(&names.stream)
-        .await
-        .unwrap()
-        .info()
-        .await
-        .unwrap()
-        .state
-        .messages;
+    let stream_messages = stream_messages(&jetstream, &names.stream).await;
     assert_eq!(
         stream_messages, 20,
         "relay A's copies were dropped by the broker"
@@ -232,4 +216,10 @@ async fn twenty_orders(config: &orders_service::Config) -> sqlx::PgPool {
             .unwrap();
     }
     pool
+}
+
+/// How many messages `stream` holds.
+async fn stream_messages(jetstream: &async_nats::jetstream::Context, stream: &str) -> u64 {
+    let mut stream = jetstream.get_stream(stream).await.unwrap();
+    stream.info().await.unwrap().state.messages
 }
