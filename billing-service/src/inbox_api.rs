@@ -2,14 +2,15 @@
 //! (admin only).
 
 use axum::extract::State;
-use outbox_core::inbox::{DeadLetter, InboxStats};
-use serde::Serialize;
+use outbox_core::inbox::{DeadLetter, DeadLetterFilter, InboxStats};
+use serde::{Deserialize, Serialize};
 use service_kit::admin::Admin;
-use service_kit::ops::{Action, Column, OpsPage, Tile};
-use service_kit::pagination::{self, NumberedPageParams};
+use service_kit::dead::{self, BulkOutcome};
+use service_kit::ops::{Action, Column, Filter, OpsPage, Tile};
+use service_kit::pagination;
 use service_kit::problem::Problem;
 use service_kit::{ApiError, Json, Path, Query};
-use utoipa::ToSchema;
+use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
@@ -74,6 +75,16 @@ const OPS: OpsPage = OpsPage {
             label: "Skip",
         },
     ],
+    filters: &[
+        Filter {
+            key: "eventType",
+            label: "Event type",
+        },
+        Filter {
+            key: "errorContains",
+            label: "Error contains",
+        },
+    ],
 };
 
 /// The inbox routes and the ops page.
@@ -84,6 +95,8 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(list_dead))
         .routes(routes!(retry))
         .routes(routes!(skip))
+        .routes(routes!(replay_matching))
+        .routes(routes!(skip_matching))
 }
 
 /// Processed messages, recognised duplicates and open dead letters.
@@ -122,11 +135,56 @@ struct ActionResult {
     outcome: &'static str,
 }
 
-/// Lists open dead letters with their error and delivery count (admin).
-#[utoipa::path(get, path = "/inbox/dead", tag = "inbox", params(NumberedPageParams),
+/// Which open dead letters to list or replay: those matching every filter given, after
+/// `cursor`, `limit` of them.
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[into_params(parameter_in = Query)]
+struct DeadListParams {
+    /// Items per page (or to replay), 1-200 (default 50).
+    #[param(minimum = 1, maximum = 200)]
+    limit: Option<i64>,
+    /// `nextCursor` of the previous answer: the number of the last item seen; the page, or the
+    /// replay, goes on after it.
+    #[param(pattern = r"^[0-9]{1,18}$")]
+    cursor: Option<String>,
+    /// Only letters whose `ce-type` header is this.
+    #[param(pattern = r"^[A-Za-z0-9_:@-]{1,128}$")]
+    event_type: Option<String>,
+    /// Only letters whose error contains this text (1-500 characters).
+    #[param(min_length = 1, max_length = 500)]
+    error_contains: Option<String>,
+}
+
+/// Which open dead letters to skip: those matching every filter given.
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[into_params(parameter_in = Query)]
+struct DeadFilterParams {
+    /// Only letters whose `ce-type` header is this.
+    #[param(pattern = r"^[A-Za-z0-9_:@-]{1,128}$")]
+    event_type: Option<String>,
+    /// Only letters whose error contains this text (1-500 characters).
+    #[param(min_length = 1, max_length = 500)]
+    error_contains: Option<String>,
+}
+
+/// The filter the query's `eventType` and `errorContains` make, or a 422 naming the bad one.
+fn filter(
+    event_type: Option<String>,
+    error_contains: Option<String>,
+) -> Result<DeadLetterFilter, ApiError> {
+    let mut filter = DeadLetterFilter::all();
+    filter.event_type = dead::token_filter("eventType", event_type)?;
+    filter.error_contains = dead::text_filter("errorContains", error_contains)?;
+    Ok(filter)
+}
+
+/// Lists open dead letters with their error and delivery count, optionally filtered (admin).
+#[utoipa::path(get, path = "/inbox/dead", tag = "inbox", params(DeadListParams),
     security(("admin" = [])), responses(
     (status = 200, description = "A page of dead letters", body = DeadPage),
-    (status = 422, description = "Bad limit or cursor", body = Problem,
+    (status = 422, description = "Bad limit, cursor or filter", body = Problem,
         content_type = "application/problem+json"),
     (status = 401, description = "Missing or wrong admin token", body = Problem,
         content_type = "application/problem+json"),
@@ -136,13 +194,114 @@ struct ActionResult {
 async fn list_dead(
     _: Admin,
     State(state): State<AppState>,
-    Query(params): Query<NumberedPageParams>,
+    Query(params): Query<DeadListParams>,
 ) -> Result<Json<DeadPage>, ApiError> {
     let limit = pagination::limit(params.limit)?;
     let after = pagination::after_number(params.cursor.as_deref())?;
-    let rows = state.rules.inbox().dead(after, limit + 1).await?;
+    let filter = filter(params.event_type, params.error_contains)?;
+    let rows = state.rules.inbox().dead(&filter, after, limit + 1).await?;
     let (items, next_cursor) = pagination::page(rows, limit, |d| d.id.to_string());
     Ok(Json(DeadPage { items, next_cursor }))
+}
+
+/// Replays every open dead letter matching the filters (all of them without a filter) through
+/// the inbox, oldest first, as `POST /inbox/dead/{id}/retry` does one: applied ones are closed,
+/// the others stay open. A request handles `limit` of them; `nextCursor` says where the next
+/// one goes on. Exactly-once holds however often it runs, also beside the consumer (admin).
+#[utoipa::path(post, path = "/inbox/dead/retry", tag = "inbox", params(DeadListParams),
+    security(("admin" = [])), responses(
+    (status = 200, description = "`count` letters applied and closed, `notApplied` left open",
+        body = BulkOutcome),
+    (status = 422, description = "Bad limit, cursor or filter", body = Problem,
+        content_type = "application/problem+json"),
+    (status = 401, description = "Missing or wrong admin token", body = Problem,
+        content_type = "application/problem+json"),
+    (status = 403, description = "ADMIN_TOKEN is not configured", body = Problem,
+        content_type = "application/problem+json"),
+))]
+async fn replay_matching(
+    _: Admin,
+    State(state): State<AppState>,
+    Query(params): Query<DeadListParams>,
+) -> Result<Json<BulkOutcome>, ApiError> {
+    let limit = pagination::limit(params.limit)?;
+    let mut after = pagination::after_number(params.cursor.as_deref())?;
+    let filter = filter(params.event_type, params.error_contains)?;
+    let letters = state.rules.inbox().dead(&filter, after, limit + 1).await?;
+    let (letters, next_cursor) = pagination::page(letters, limit, |d| d.id.to_string());
+    let mut outcome = BulkOutcome {
+        next_cursor,
+        ..BulkOutcome::default()
+    };
+    let mut not_yet = Vec::new();
+    for letter in letters {
+        after = letter.id;
+        match replay(&state, &letter).await? {
+            Verdict::Ack => outcome.count += 1,
+            Verdict::Retry(_) => not_yet.push(letter),
+            Verdict::Dead(_) => outcome.not_applied += 1,
+        }
+    }
+    // An OrderPaid letter older than its OrderPlaced letter applies once the latter has.
+    if outcome.count > 0 {
+        for letter in std::mem::take(&mut not_yet) {
+            match replay(&state, &letter).await? {
+                Verdict::Ack => outcome.count += 1,
+                _ => outcome.not_applied += 1,
+            }
+        }
+    }
+    outcome.not_applied += not_yet.len() as u64;
+    tracing::warn!(
+        ?filter,
+        applied = outcome.count,
+        not_applied = outcome.not_applied,
+        last = after,
+        action = "retry",
+        "admin bulk action on dead letters"
+    );
+    Ok(Json(outcome))
+}
+
+/// Gives up on every open dead letter matching the filters (all of them without a filter):
+/// closed without applying them, kept as skipped; idempotent (admin).
+#[utoipa::path(post, path = "/inbox/dead/skip", tag = "inbox", params(DeadFilterParams),
+    security(("admin" = [])), responses(
+    (status = 200, description = "`count` letters were skipped", body = BulkOutcome),
+    (status = 422, description = "Bad filter", body = Problem,
+        content_type = "application/problem+json"),
+    (status = 401, description = "Missing or wrong admin token", body = Problem,
+        content_type = "application/problem+json"),
+    (status = 403, description = "ADMIN_TOKEN is not configured", body = Problem,
+        content_type = "application/problem+json"),
+))]
+async fn skip_matching(
+    _: Admin,
+    State(state): State<AppState>,
+    Query(params): Query<DeadFilterParams>,
+) -> Result<Json<BulkOutcome>, ApiError> {
+    let filter = filter(params.event_type, params.error_contains)?;
+    let count = state.rules.inbox().skip_dead_letters(&filter).await?;
+    tracing::warn!(
+        ?filter,
+        count,
+        action = "skip",
+        "admin bulk action on dead letters"
+    );
+    Ok(Json(BulkOutcome {
+        count,
+        ..BulkOutcome::default()
+    }))
+}
+
+/// Applies dead letter `letter` again through the rules, and closes it when that worked.
+async fn replay(state: &AppState, letter: &DeadLetter) -> Result<Verdict, ApiError> {
+    let headers = headers_from_json(&letter.headers);
+    let verdict = state.rules.verdict(&headers, &letter.payload).await;
+    if verdict == Verdict::Ack {
+        state.rules.inbox().close_dead_letter(letter.id).await?;
+    }
+    Ok(verdict)
 }
 
 /// Applies a dead letter again through the inbox, e.g. after the cause was fixed (admin).
@@ -177,15 +336,11 @@ async fn retry(
         action = "retry",
         "admin action on dead letter"
     );
-    let headers = headers_from_json(&letter.headers);
-    match state.rules.verdict(&headers, &letter.payload).await {
-        Verdict::Ack => {
-            inbox.close_dead_letter(id).await?;
-            Ok(Json(ActionResult {
-                id,
-                outcome: "applied",
-            }))
-        }
+    match replay(&state, &letter).await? {
+        Verdict::Ack => Ok(Json(ActionResult {
+            id,
+            outcome: "applied",
+        })),
         Verdict::Retry(reason) => Err(ApiError::conflict(format!(
             "still not applicable: {reason}"
         ))),

@@ -277,6 +277,111 @@ async fn dead_letter_replay_after_the_cause_is_fixed_applies_once() {
     app.stop().await;
 }
 
+/// An operator replays or skips every open dead letter a filter matches: a replay goes through
+/// the inbox as a single one does, page by page, and a bulk skip closes only the matches.
+#[tokio::test]
+async fn bulk_replay_and_skip_take_the_letters_their_filter_matches() {
+    let app = TestApp::spawn_with(|config| {
+        config.consumer.max_retries = 2;
+        config.common.admin_token = Some("s3cret".into());
+    })
+    .await;
+    app.publish("m-paid-1", "OrderPaid", "o1", placed("o1", 100))
+        .await;
+    app.publish("m-paid-2", "OrderPaid", "o2", placed("o2", 200))
+        .await;
+    app.publish("m-poison", "OrderPlaced", "o3", "not json")
+        .await;
+    eventually("three dead letters", WAIT, || async {
+        (app.stats().await["dead"] == 3).then_some(())
+    })
+    .await;
+    let client = reqwest::Client::new();
+    let admin = |method: reqwest::Method, path_and_query: &str| {
+        client
+            .request(method, format!("{}{path_and_query}", app.running.url))
+            .bearer_auth("s3cret")
+            .send()
+    };
+    let json = |response: reqwest::Response| async move {
+        assert_eq!(response.status(), 200);
+        response.json::<Value>().await.unwrap()
+    };
+    let listed = json(
+        admin(
+            reqwest::Method::GET,
+            "/inbox/dead?errorContains=no%20invoice",
+        )
+        .await
+        .unwrap(),
+    )
+    .await;
+    assert_eq!(listed["items"].as_array().unwrap().len(), 2, "{listed}");
+    let listed = json(
+        admin(reqwest::Method::GET, "/inbox/dead?eventType=OrderPlaced")
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(listed["items"][0]["messageId"], "m-poison", "{listed}");
+    let refused = admin(reqwest::Method::POST, "/inbox/dead/retry?eventType=a.b")
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 422);
+
+    let paid = "/inbox/dead/retry?eventType=OrderPaid";
+    let outcome = json(admin(reqwest::Method::POST, paid).await.unwrap()).await;
+    assert_eq!(
+        outcome,
+        json!({"count": 0, "notApplied": 2, "nextCursor": null}),
+        "no invoice yet"
+    );
+    app.publish("m-placed-1", "OrderPlaced", "o1", placed("o1", 100))
+        .await;
+    eventually("o1's invoice", WAIT, || async { app.invoice("o1").await }).await;
+    let first = json(
+        admin(reqwest::Method::POST, &format!("{paid}&limit=1"))
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(
+        (first["count"].as_u64(), first["notApplied"].as_u64()),
+        (Some(1), Some(0))
+    );
+    let cursor = first["nextCursor"]
+        .as_str()
+        .expect("a second page")
+        .to_owned();
+    let second = json(
+        admin(
+            reqwest::Method::POST,
+            &format!("{paid}&limit=1&cursor={cursor}"),
+        )
+        .await
+        .unwrap(),
+    )
+    .await;
+    assert_eq!(
+        second,
+        json!({"count": 0, "notApplied": 1, "nextCursor": null})
+    );
+    assert_eq!(app.invoice("o1").await, Some((100, "paid".into())));
+
+    let skip = "/inbox/dead/skip?errorContains=invalid%20OrderPlaced";
+    let skipped = json(admin(reqwest::Method::POST, skip).await.unwrap()).await;
+    assert_eq!(skipped["count"], 1);
+    let again = json(admin(reqwest::Method::POST, skip).await.unwrap()).await;
+    assert_eq!(again["count"], 0, "idempotent");
+    let open: Vec<String> =
+        sqlx::query_scalar("SELECT message_id FROM inbox_dead WHERE closed_at IS NULL")
+            .fetch_all(&app.pool)
+            .await
+            .unwrap();
+    assert_eq!(open, ["m-paid-2"]);
+    app.stop().await;
+}
+
 /// The durable consumer is created at start-up, or updated when it exists: a changed
 /// `CONSUMER_ACK_WAIT_MS` takes effect.
 #[tokio::test]

@@ -1,12 +1,16 @@
 // Drives a service's /ops page in headless Chromium, as an operator would: sees the dead letter
 // in the counts, is refused with a wrong token, types the right one, clicks the action on the
-// dead letter and sees it leave the list. The Rust test that starts this checks the effect
-// (published, skipped) in the database and on the stream.
+// dead letter and sees it leave the list; then, with BULK_ACTION set, filters the list
+// (FILTER_KEY=FILTER_VALUE), takes that action on every match with one click, confirms, and sees
+// the list empty. The Rust test that starts this checks the effects (published, skipped) in the
+// database and on the stream.
 //
-//   OPS_URL=http://127.0.0.1:8080 ADMIN_TOKEN=… DEAD_ID=… ACTION=retry node ops-page.mjs
+//   OPS_URL=http://127.0.0.1:8080 ADMIN_TOKEN=… DEAD_ID=… ACTION=retry \
+//     [BULK_ACTION=retry FILTER_KEY=errorContains FILTER_VALUE=size] node ops-page.mjs
 import { chromium } from "playwright-core";
 
 const { OPS_URL, ADMIN_TOKEN, DEAD_ID, ACTION, SCREENSHOT } = process.env;
+const { BULK_ACTION, FILTER_KEY, FILTER_VALUE } = process.env;
 const executablePath = process.env.CHROMIUM_PATH || "/usr/bin/chromium";
 const TIMEOUT = 20_000;
 
@@ -44,6 +48,18 @@ try {
   await row.locator(`button[data-action="${ACTION}"]`).click();
   await page.waitForSelector(`#status.good >> text=${DEAD_ID}`);
   await row.waitFor({ state: "detached" });
+
+  if (BULK_ACTION) {
+    if (FILTER_KEY) {
+      await page.fill(`#filter-${FILTER_KEY}`, FILTER_VALUE);
+      await page.click("#apply-filters");
+    }
+    await page.locator("#dead-rows tr").first().waitFor();
+    page.once("dialog", (dialog) => dialog.accept());
+    await page.click(`button[data-bulk="${BULK_ACTION}"]`);
+    await page.waitForSelector("#status.good >> text=all: 1 done");
+    await page.waitForSelector("#dead-summary >> text=No dead letters match the filters.");
+  }
   if (SCREENSHOT) await page.screenshot({ path: SCREENSHOT, fullPage: true });
 } catch (error) {
   problems.push(error.message);
@@ -54,4 +70,4 @@ if (problems.length > 0) {
   console.error(problems.join("\n"));
   process.exit(1);
 }
-console.log(`ops page: ${ACTION} on ${DEAD_ID} done`);
+console.log(`ops page: ${ACTION} on ${DEAD_ID} done${BULK_ACTION ? `, then ${BULK_ACTION} on all` : ""}`);

@@ -42,8 +42,16 @@ fn browser_setup() -> Result<PathBuf, String> {
     Ok(dir)
 }
 
+/// After the click on one dead letter, a click that takes `action` on every letter the filter
+/// `key=value` matches.
+struct Bulk {
+    action: &'static str,
+    key: &'static str,
+    value: String,
+}
+
 /// Runs the browser script against `url`; `None` when the browser tests cannot run here.
-async fn drive_ops_page(url: &str, dead_id: &str, action: &str) -> Option<()> {
+async fn drive_ops_page(url: &str, dead_id: &str, action: &str, bulk: Bulk) -> Option<()> {
     let dir = match browser_setup() {
         Ok(dir) => dir,
         Err(reason) if std::env::var_os("CI").is_some() => panic!("browser test: {reason}"),
@@ -59,6 +67,9 @@ async fn drive_ops_page(url: &str, dead_id: &str, action: &str) -> Option<()> {
         .env("ADMIN_TOKEN", TOKEN)
         .env("DEAD_ID", dead_id)
         .env("ACTION", action)
+        .env("BULK_ACTION", bulk.action)
+        .env("FILTER_KEY", bulk.key)
+        .env("FILTER_VALUE", bulk.value)
         .output()
         .await
         .expect("node runs");
@@ -83,8 +94,8 @@ async fn get_json(url: String) -> Value {
         .unwrap()
 }
 
-/// An event that died because the stream refused it is published by a click on Retry once the
-/// stream takes it again.
+/// Events that died because the stream refused them are published once the stream takes them
+/// again: one by a click on its Retry, the other by "Retry all matching" an error filter.
 #[tokio::test]
 async fn orders_ops_page_retries_a_dead_event() {
     let names = Names::unique();
@@ -109,54 +120,66 @@ async fn orders_ops_page_retries_a_dead_event() {
     refusing.max_message_size = 16;
     js.update_stream(refusing).await.unwrap();
 
-    let placed = reqwest::Client::new()
-        .post(format!("{}/orders", orders.url))
-        .json(&json!({"id": "o-ops-1", "customer": "ada", "totalMinor": 700}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(placed.status(), 201);
-    let dead = eventually("the dead event", WAIT, || async {
+    for id in ["o-ops-1", "o-ops-2"] {
+        let placed = reqwest::Client::new()
+            .post(format!("{}/orders", orders.url))
+            .json(&json!({"id": id, "customer": "ada", "totalMinor": 700}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(placed.status(), 201);
+    }
+    let dead = eventually("the dead events", WAIT, || async {
         let page = get_json(format!("{}/outbox/dead", orders.url)).await;
-        page["items"]
-            .as_array()
-            .and_then(|items| items.first().cloned())
+        let items = page["items"].as_array()?;
+        (items.len() == 2).then(|| items.clone())
     })
     .await;
-    let event_id = dead["id"].as_str().unwrap().to_owned();
+    let event_id = dead[0]["id"].as_str().unwrap().to_owned();
+    let other_id = dead[1]["id"].as_str().unwrap().to_owned();
+    // The broker's words, without the part that names the event.
+    let error = dead[1]["lastError"].as_str().unwrap();
+    let bulk = Bulk {
+        action: "retry",
+        key: "errorContains",
+        value: error[error.len() - 20..].to_owned(),
+    };
 
     service_kit::infra::ensure_stream(&js, &common)
         .await
         .unwrap();
 
-    if drive_ops_page(&orders.url, &event_id, "retry")
+    if drive_ops_page(&orders.url, &event_id, "retry", bulk)
         .await
         .is_some()
     {
-        let stream_id = eventually("the event on the stream", WAIT, || async {
+        let stream_ids = eventually("both events on the stream", WAIT, || async {
             let mut stream = js.get_stream(&names.stream).await.ok()?;
             let state = stream.info().await.ok()?.state.clone();
-            if state.messages == 0 {
+            if state.messages < 2 {
                 return None;
             }
-            let message = stream.get_raw_message(state.first_sequence).await.ok()?;
-            let id = message.headers.get("Nats-Msg-Id")?.to_string();
-            Some(id)
+            let mut ids = Vec::new();
+            for seq in state.first_sequence..=state.last_sequence {
+                let message = stream.get_raw_message(seq).await.ok()?;
+                ids.push(message.headers.get("Nats-Msg-Id")?.to_string());
+            }
+            Some(ids)
         })
         .await;
-        assert_eq!(stream_id, event_id);
-        let status: String = sqlx::query_scalar("SELECT status FROM outbox WHERE id::text = $1")
-            .bind(&event_id)
-            .fetch_one(&orders.pool)
+        assert_eq!(stream_ids, [event_id, other_id]);
+        let statuses: Vec<String> = sqlx::query_scalar("SELECT status FROM outbox ORDER BY seq")
+            .fetch_all(&orders.pool)
             .await
             .unwrap();
-        assert_eq!(status, "published");
+        assert_eq!(statuses, ["published", "published"]);
     }
     orders.stop().await;
     names.clean_up().await;
 }
 
-/// A message billing can never apply is closed as skipped by a click on Skip.
+/// Messages billing can never apply are closed as skipped: one by a click on its Skip, the
+/// other by "Skip all matching" an event-type filter.
 #[tokio::test]
 async fn billing_ops_page_skips_a_dead_letter() {
     let names = Names::unique();
@@ -164,14 +187,14 @@ async fn billing_ops_page_skips_a_dead_letter() {
     config.common.admin_token = Some(TOKEN.into());
     let billing = RunningApp::billing(config).await;
 
-    let client = async_nats::connect(testing::nats_url()).await.unwrap();
-    let mut headers = async_nats::HeaderMap::new();
-    headers.insert("ce-id", "m-ops-poison");
-    headers.insert("ce-type", "OrderPlaced");
-    headers.insert("Nats-Msg-Id", "m-ops-poison");
-    jetstream::new(client)
-        .publish_with_headers(
-            format!("{}.OrderPlaced.o-ops-2", names.prefix),
+    let js = jetstream::new(async_nats::connect(testing::nats_url()).await.unwrap());
+    for (id, order) in [("m-ops-poison", "o-ops-2"), ("m-ops-poison-2", "o-ops-3")] {
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert("ce-id", id);
+        headers.insert("ce-type", "OrderPlaced");
+        headers.insert("Nats-Msg-Id", id);
+        js.publish_with_headers(
+            format!("{}.OrderPlaced.{order}", names.prefix),
             headers,
             "<b>not json</b>".into(),
         )
@@ -179,26 +202,33 @@ async fn billing_ops_page_skips_a_dead_letter() {
         .unwrap()
         .await
         .unwrap();
-    let dead = eventually("the dead letter", WAIT, || async {
+    }
+    let dead = eventually("the dead letters", WAIT, || async {
         let page = get_json(format!("{}/inbox/dead", billing.url)).await;
-        page["items"]
-            .as_array()
-            .and_then(|items| items.first().cloned())
+        let items = page["items"].as_array()?;
+        (items.len() == 2).then(|| items.clone())
     })
     .await;
-    let id = dead["id"].as_i64().unwrap();
+    let id = dead[0]["id"].as_i64().unwrap();
+    let bulk = Bulk {
+        action: "skip",
+        key: "eventType",
+        value: "OrderPlaced".into(),
+    };
 
-    if drive_ops_page(&billing.url, &id.to_string(), "skip")
+    if drive_ops_page(&billing.url, &id.to_string(), "skip", bulk)
         .await
         .is_some()
     {
-        let resolution: Option<String> =
-            sqlx::query_scalar("SELECT resolution FROM inbox_dead WHERE id = $1")
-                .bind(id)
-                .fetch_one(&billing.pool)
+        let resolutions: Vec<Option<String>> =
+            sqlx::query_scalar("SELECT resolution FROM inbox_dead ORDER BY id")
+                .fetch_all(&billing.pool)
                 .await
                 .unwrap();
-        assert_eq!(resolution.as_deref(), Some("skipped"));
+        assert_eq!(
+            resolutions,
+            [Some("skipped".into()), Some("skipped".into())]
+        );
     }
     billing.stop().await;
     names.clean_up().await;

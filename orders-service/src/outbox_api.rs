@@ -3,14 +3,15 @@
 
 use axum::extract::State;
 use outbox_core::OutboxStats;
-use outbox_core::outbox::{self, DeadEvent};
-use serde::Serialize;
+use outbox_core::outbox::{self, DeadEvent, DeadFilter};
+use serde::{Deserialize, Serialize};
 use service_kit::admin::Admin;
-use service_kit::ops::{Action, Column, OpsPage, Tile};
-use service_kit::pagination::{self, NumberedPageParams};
+use service_kit::dead::{self, BulkOutcome};
+use service_kit::ops::{Action, Column, Filter, OpsPage, Tile};
+use service_kit::pagination;
 use service_kit::problem::Problem;
 use service_kit::{ApiError, Json, Path, Query};
-use utoipa::ToSchema;
+use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 use uuid::Uuid;
@@ -80,6 +81,20 @@ const OPS: OpsPage = OpsPage {
             label: "Skip",
         },
     ],
+    filters: &[
+        Filter {
+            key: "aggregateType",
+            label: "Aggregate type",
+        },
+        Filter {
+            key: "eventType",
+            label: "Event type",
+        },
+        Filter {
+            key: "errorContains",
+            label: "Error contains",
+        },
+    ],
 };
 
 /// The outbox routes and the ops page.
@@ -90,6 +105,8 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(list_dead))
         .routes(routes!(retry))
         .routes(routes!(skip))
+        .routes(routes!(retry_matching))
+        .routes(routes!(skip_matching))
 }
 
 /// Pending, dead and parked events and the age of the oldest pending one.
@@ -130,11 +147,60 @@ struct ActionResult {
     status: &'static str,
 }
 
-/// Lists dead events with their attempts and last error (admin).
-#[utoipa::path(get, path = "/outbox/dead", tag = "outbox", params(NumberedPageParams),
+/// Which dead events to list or act on: those matching every filter given.
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[into_params(parameter_in = Query)]
+struct DeadFilterParams {
+    /// Only events of this aggregate type.
+    #[param(pattern = r"^[A-Za-z0-9_:@-]{1,128}$")]
+    aggregate_type: Option<String>,
+    /// Only events of this event type.
+    #[param(pattern = r"^[A-Za-z0-9_:@-]{1,128}$")]
+    event_type: Option<String>,
+    /// Only events whose last error contains this text (1-500 characters).
+    #[param(min_length = 1, max_length = 500)]
+    error_contains: Option<String>,
+}
+
+impl DeadFilterParams {
+    fn filter(self) -> Result<DeadFilter, ApiError> {
+        let mut filter = DeadFilter::all();
+        filter.aggregate_type = dead::token_filter("aggregateType", self.aggregate_type)?;
+        filter.event_type = dead::token_filter("eventType", self.event_type)?;
+        filter.error_contains = dead::text_filter("errorContains", self.error_contains)?;
+        Ok(filter)
+    }
+}
+
+/// A page of the dead events matching the filters.
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[into_params(parameter_in = Query)]
+struct DeadListParams {
+    /// Items per page, 1-200 (default 50).
+    #[param(minimum = 1, maximum = 200)]
+    limit: Option<i64>,
+    /// `nextCursor` of the previous page: the number of the last item seen; the page holds the
+    /// items after it.
+    #[param(pattern = r"^[0-9]{1,18}$")]
+    cursor: Option<String>,
+    /// Only events of this aggregate type.
+    #[param(pattern = r"^[A-Za-z0-9_:@-]{1,128}$")]
+    aggregate_type: Option<String>,
+    /// Only events of this event type.
+    #[param(pattern = r"^[A-Za-z0-9_:@-]{1,128}$")]
+    event_type: Option<String>,
+    /// Only events whose last error contains this text (1-500 characters).
+    #[param(min_length = 1, max_length = 500)]
+    error_contains: Option<String>,
+}
+
+/// Lists dead events with their attempts and last error, optionally filtered (admin).
+#[utoipa::path(get, path = "/outbox/dead", tag = "outbox", params(DeadListParams),
     security(("admin" = [])), responses(
     (status = 200, description = "A page of dead events", body = DeadPage),
-    (status = 422, description = "Bad limit or cursor", body = Problem,
+    (status = 422, description = "Bad limit, cursor or filter", body = Problem,
         content_type = "application/problem+json"),
     (status = 401, description = "Missing or wrong admin token", body = Problem,
         content_type = "application/problem+json"),
@@ -144,13 +210,81 @@ struct ActionResult {
 async fn list_dead(
     _: Admin,
     State(state): State<AppState>,
-    Query(params): Query<NumberedPageParams>,
+    Query(params): Query<DeadListParams>,
 ) -> Result<Json<DeadPage>, ApiError> {
     let limit = pagination::limit(params.limit)?;
     let after = pagination::after_number(params.cursor.as_deref())?;
-    let rows = outbox::dead(&state.pool, after, limit + 1).await?;
+    let filter = DeadFilterParams {
+        aggregate_type: params.aggregate_type,
+        event_type: params.event_type,
+        error_contains: params.error_contains,
+    }
+    .filter()?;
+    let rows = outbox::dead(&state.pool, &filter, after, limit + 1).await?;
     let (items, next_cursor) = pagination::page(rows, limit, |e| e.seq.to_string());
     Ok(Json(DeadPage { items, next_cursor }))
+}
+
+/// Publishes every dead event matching the filters again (all of them without a filter), in
+/// outbox order per aggregate; idempotent (admin).
+#[utoipa::path(post, path = "/outbox/dead/retry", tag = "outbox", params(DeadFilterParams),
+    security(("admin" = [])), responses(
+    (status = 200, description = "`count` events are pending again", body = BulkOutcome),
+    (status = 422, description = "Bad filter", body = Problem,
+        content_type = "application/problem+json"),
+    (status = 401, description = "Missing or wrong admin token", body = Problem,
+        content_type = "application/problem+json"),
+    (status = 403, description = "ADMIN_TOKEN is not configured", body = Problem,
+        content_type = "application/problem+json"),
+))]
+async fn retry_matching(
+    _: Admin,
+    State(state): State<AppState>,
+    Query(params): Query<DeadFilterParams>,
+) -> Result<Json<BulkOutcome>, ApiError> {
+    let filter = params.filter()?;
+    let count = outbox::retry_dead_matching(&state.pool, &filter).await?;
+    tracing::warn!(
+        ?filter,
+        count,
+        action = "retry",
+        "admin bulk action on dead events"
+    );
+    Ok(Json(BulkOutcome {
+        count,
+        ..BulkOutcome::default()
+    }))
+}
+
+/// Gives up on every dead event matching the filters (all of them without a filter): they stay
+/// recorded as skipped and the events they held back follow; idempotent (admin).
+#[utoipa::path(post, path = "/outbox/dead/skip", tag = "outbox", params(DeadFilterParams),
+    security(("admin" = [])), responses(
+    (status = 200, description = "`count` events were skipped", body = BulkOutcome),
+    (status = 422, description = "Bad filter", body = Problem,
+        content_type = "application/problem+json"),
+    (status = 401, description = "Missing or wrong admin token", body = Problem,
+        content_type = "application/problem+json"),
+    (status = 403, description = "ADMIN_TOKEN is not configured", body = Problem,
+        content_type = "application/problem+json"),
+))]
+async fn skip_matching(
+    _: Admin,
+    State(state): State<AppState>,
+    Query(params): Query<DeadFilterParams>,
+) -> Result<Json<BulkOutcome>, ApiError> {
+    let filter = params.filter()?;
+    let count = outbox::skip_dead_matching(&state.pool, &filter).await?;
+    tracing::warn!(
+        ?filter,
+        count,
+        action = "skip",
+        "admin bulk action on dead events"
+    );
+    Ok(Json(BulkOutcome {
+        count,
+        ..BulkOutcome::default()
+    }))
 }
 
 /// Publishes a dead event again; the events it held back follow (admin).

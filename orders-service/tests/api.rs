@@ -67,6 +67,32 @@ impl TestApp {
             .unwrap()
     }
 
+    /// An app with the admin token `s3cret`, no relay, and two orders whose events were made
+    /// dead by hand, the first failing with `boom`, the second with the broker's refusal.
+    async fn with_two_dead_events() -> (Self, Vec<uuid::Uuid>) {
+        let app = Self::spawn_with(|config| {
+            config.common.admin_token = Some("s3cret".into());
+            config.relay_enabled = false;
+        })
+        .await;
+        for id in ["o1", "o2"] {
+            let body = json!({"id": id, "customer": "ada", "totalMinor": 5});
+            assert_eq!(
+                app.post("/orders", Some(body)).await.status(),
+                StatusCode::CREATED
+            );
+        }
+        let ids = sqlx::query_scalar(
+            "UPDATE outbox SET status = 'dead', attempts = 10, last_error = CASE \
+             WHEN seq = (SELECT min(seq) FROM outbox) THEN 'boom' \
+             ELSE 'message size exceeds maximum allowed' END RETURNING id",
+        )
+        .fetch_all(&app.pool)
+        .await
+        .unwrap();
+        (app, ids)
+    }
+
     async fn stop(self) {
         self.running.stop().await;
         testing::drop_database(&self.database).await;
@@ -285,25 +311,7 @@ async fn list_pages_newest_first() {
 
 #[tokio::test]
 async fn admin_endpoints_need_the_token_and_retry_or_skip_dead_events() {
-    let app = TestApp::spawn_with(|config| {
-        config.common.admin_token = Some("s3cret".into());
-        // No relay: the test makes events dead by hand.
-        config.relay_enabled = false;
-    })
-    .await;
-    for id in ["o1", "o2"] {
-        let body = json!({"id": id, "customer": "ada", "totalMinor": 5});
-        assert_eq!(
-            app.post("/orders", Some(body)).await.status(),
-            StatusCode::CREATED
-        );
-    }
-    let ids: Vec<uuid::Uuid> = sqlx::query_scalar(
-        "UPDATE outbox SET status = 'dead', attempts = 10, last_error = 'boom' RETURNING id",
-    )
-    .fetch_all(&app.pool)
-    .await
-    .unwrap();
+    let (app, ids) = TestApp::with_two_dead_events().await;
 
     let url = format!("{}/outbox/dead", app.running.url);
     problem(app.client.get(&url).send().await.unwrap(), 401, None).await;
@@ -360,6 +368,7 @@ async fn admin_endpoints_need_the_token_and_retry_or_skip_dead_events() {
         .await
         .unwrap();
     assert_eq!(statuses, ["pending", "skipped"]);
+
     app.stop().await;
 
     let without_token = TestApp::spawn().await;
@@ -377,6 +386,68 @@ async fn admin_endpoints_need_the_token_and_retry_or_skip_dead_events() {
     )
     .await;
     without_token.stop().await;
+}
+
+/// Retry and skip in bulk take the dead events their filter matches, and nothing twice.
+#[tokio::test]
+async fn bulk_admin_actions_take_the_dead_events_a_filter_matches() {
+    let (app, _) = TestApp::with_two_dead_events().await;
+    let admin = |path: String| {
+        app.client
+            .post(format!("{}{path}", app.running.url))
+            .bearer_auth("s3cret")
+    };
+    let bulk = |path: &'static str| async move {
+        let response = admin(path.into()).send().await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK, "{path}");
+        response.json::<Value>().await.unwrap()["count"]
+            .as_u64()
+            .unwrap()
+    };
+    assert_eq!(
+        bulk("/outbox/dead/retry?errorContains=size%20exceeds").await,
+        1
+    );
+    assert_eq!(
+        bulk("/outbox/dead/retry?errorContains=size%20exceeds").await,
+        0
+    );
+    assert_eq!(bulk("/outbox/dead/skip?eventType=OrderPaid").await, 0);
+    assert_eq!(bulk("/outbox/dead/skip?aggregateType=order").await, 1);
+    let statuses: Vec<String> = sqlx::query_scalar("SELECT status FROM outbox ORDER BY seq")
+        .fetch_all(&app.pool)
+        .await
+        .unwrap();
+    assert_eq!(statuses, ["skipped", "pending"]);
+    problem(
+        admin("/outbox/dead/retry?aggregateType=a.b".into())
+            .send()
+            .await
+            .unwrap(),
+        422,
+        Some("aggregateType"),
+    )
+    .await;
+    problem(
+        admin("/outbox/dead/skip?errorContains=".into())
+            .send()
+            .await
+            .unwrap(),
+        422,
+        Some("errorContains"),
+    )
+    .await;
+    problem(
+        app.client
+            .post(format!("{}/outbox/dead/skip", app.running.url))
+            .send()
+            .await
+            .unwrap(),
+        401,
+        None,
+    )
+    .await;
+    app.stop().await;
 }
 
 #[tokio::test]

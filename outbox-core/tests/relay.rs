@@ -8,8 +8,9 @@ use std::time::Duration;
 
 use common::{TestStream, enqueue, eventually, migrate};
 use outbox_core::inbox::Digest;
+use outbox_core::outbox::DeadFilter;
 use outbox_core::testing::{Fault, FaultyPublisher, InFlight};
-use outbox_core::{Backoff, Relay, outbox};
+use outbox_core::{Backoff, NewEvent, Relay, outbox};
 use serde_json::json;
 use sqlx::PgPool;
 
@@ -149,7 +150,9 @@ async fn always_failing_event_becomes_dead_and_cleanup_keeps_it(pool: PgPool) {
     assert_eq!(dead, 1);
     let stats = outbox::stats(&pool).await.unwrap();
     assert_eq!((stats.pending, stats.dead), (0, 1), "{stats:?}");
-    let dead_rows = outbox::dead(&pool, 0, 10).await.unwrap();
+    let dead_rows = outbox::dead(&pool, &DeadFilter::all(), 0, 10)
+        .await
+        .unwrap();
     assert_eq!(dead_rows.len(), 1);
     assert_eq!(dead_rows[0].aggregate_id, "doomed");
     assert_eq!(dead_rows[0].attempts, 3);
@@ -252,7 +255,9 @@ async fn dead_head_parks_its_aggregate(pool: PgPool) {
     assert_eq!(healthy.run_once().await.unwrap().claimed, 0);
 
     // An operator retries the dead head: it is published, then the event it held back.
-    let dead = outbox::dead(&pool, 0, 10).await.unwrap();
+    let dead = outbox::dead(&pool, &DeadFilter::all(), 0, 10)
+        .await
+        .unwrap();
     assert!(outbox::retry_dead(&pool, dead[0].id).await.unwrap());
     assert!(
         !outbox::retry_dead(&pool, dead[0].id).await.unwrap(),
@@ -289,7 +294,9 @@ async fn skipped_dead_head_releases_its_aggregate(pool: PgPool) {
         .unwrap();
     assert_eq!(report.dead, 1);
 
-    let dead = outbox::dead(&pool, 0, 10).await.unwrap();
+    let dead = outbox::dead(&pool, &DeadFilter::all(), 0, 10)
+        .await
+        .unwrap();
     assert!(outbox::skip_dead(&pool, dead[0].id).await.unwrap());
     Relay::new(pool.clone(), stream.publisher(), config)
         .run_once()
@@ -301,6 +308,118 @@ async fn skipped_dead_head_releases_its_aggregate(pool: PgPool) {
         .await
         .unwrap();
     assert_eq!(statuses, ["skipped", "published"]);
+    stream.delete().await;
+}
+
+/// An operator retries or skips every dead event a filter matches, in one call each, while a
+/// relay runs: only the matching events move, the calls are idempotent, and the retried events
+/// are published ahead of the events they held back.
+#[sqlx::test(migrations = false)]
+async fn bulk_actions_take_the_dead_events_their_filter_matches(pool: PgPool) {
+    migrate(&pool).await;
+    let stream = TestStream::new().await;
+    // The stream refuses the large events (the broker's own refusal, counted as an attempt);
+    // the cart's event is refused by the test's publisher, with another error.
+    let mut refusing = stream.stream().await.cached_info().config.clone();
+    refusing.max_message_size = 300;
+    stream.jetstream.update_stream(&refusing).await.unwrap();
+    let large = json!({"note": "x".repeat(400)});
+    for (aggregate_type, aggregate, event_type, payload) in [
+        ("order", "o1", "OrderPlaced", large.clone()),
+        ("order", "o1", "OrderPaid", json!({})),
+        ("order", "o2", "OrderPlaced", large.clone()),
+        ("order", "o3", "OrderShipped", large.clone()),
+        ("cart", "c1", "CartOpened", json!({})),
+        ("order", "o4", "OrderPlaced", json!({})),
+    ] {
+        let mut tx = pool.begin().await.unwrap();
+        let event = NewEvent::new(aggregate_type, aggregate, event_type, &payload).unwrap();
+        outbox_core::enqueue(&mut tx, &event).await.unwrap();
+        tx.commit().await.unwrap();
+    }
+    let mut config = stream.relay_config();
+    config.max_attempts = 1;
+    let publisher =
+        FaultyPublisher::new(stream.publisher()).with_aggregate_faults("c1", [Fault::Before]);
+    let stop = tokio_util::sync::CancellationToken::new();
+    let running = tokio::spawn(Relay::new(pool.clone(), publisher, config).run(stop.clone()));
+    let dead = eventually("four dead events", Duration::from_secs(20), || async {
+        let dead = outbox::dead(&pool, &DeadFilter::all(), 0, 10)
+            .await
+            .unwrap();
+        (dead.len() == 4).then_some(dead)
+    })
+    .await;
+    let refusal = dead
+        .iter()
+        .find(|event| event.aggregate_id == "o2")
+        .and_then(|event| event.last_error.clone())
+        .unwrap();
+    let injected = dead
+        .iter()
+        .find(|event| event.aggregate_id == "c1")
+        .unwrap();
+    assert!(!injected.last_error.as_ref().unwrap().contains(&refusal));
+    // The broker's words, without the parts that name the event.
+    let refused_by_stream = DeadFilter::all().error_contains(&refusal[refusal.len() - 20..]);
+
+    let listed = outbox::dead(&pool, &refused_by_stream, 0, 10)
+        .await
+        .unwrap();
+    assert_eq!(listed.len(), 3, "{listed:?}");
+    let carts = DeadFilter::all().aggregate_type("cart");
+    assert_eq!(outbox::skip_dead_matching(&pool, &carts).await.unwrap(), 1);
+    assert_eq!(outbox::skip_dead_matching(&pool, &carts).await.unwrap(), 0);
+
+    // The cause fixed, the orders placed are retried; the shipped one stays dead.
+    refusing.max_message_size = -1;
+    stream.jetstream.update_stream(&refusing).await.unwrap();
+    let placed = refused_by_stream.clone().event_type("OrderPlaced");
+    assert_eq!(
+        outbox::retry_dead_matching(&pool, &placed).await.unwrap(),
+        2
+    );
+    eventually(
+        "the retried events published",
+        Duration::from_secs(20),
+        || async { (pending(&pool).await == 0).then_some(()) },
+    )
+    .await;
+    assert_eq!(
+        outbox::retry_dead_matching(&pool, &placed).await.unwrap(),
+        0
+    );
+    let published = stream.published().await;
+    let position = |entry: &str| published.iter().position(|p| p == entry);
+    assert_eq!(published.len(), 4, "each event once: {published:?}");
+    for entry in ["o4:OrderPlaced", "o2:OrderPlaced"] {
+        assert!(position(entry).is_some(), "{published:?}");
+    }
+    assert!(
+        position("o1:OrderPlaced") < position("o1:OrderPaid") && position("o1:OrderPaid").is_some(),
+        "o1's events in order: {published:?}"
+    );
+    let still_dead = outbox::dead(&pool, &DeadFilter::all(), 0, 10)
+        .await
+        .unwrap();
+    assert_eq!(
+        still_dead
+            .iter()
+            .map(|e| e.aggregate_id.as_str())
+            .collect::<Vec<_>>(),
+        ["o3"]
+    );
+    let statuses: Vec<(String, String)> =
+        sqlx::query_as("SELECT aggregate_id, status FROM outbox ORDER BY seq")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert!(
+        statuses.contains(&("c1".into(), "skipped".into())),
+        "{statuses:?}"
+    );
+    stop.cancel();
+    running.await.unwrap();
     stream.delete().await;
 }
 

@@ -2,6 +2,7 @@
 //!
 //! - [`admin`]: the bearer-token guard of admin endpoints;
 //! - [`config`]: reading settings from the environment, failing with the variable's name;
+//! - [`dead`]: filters and bulk outcomes of the dead-letter admin endpoints;
 //! - [`telemetry`]: `tracing` subscriber set-up, JSON or pretty;
 //! - [`problem`]: [`ApiError`] and the extractors that turn rejections into problem+json;
 //! - [`http`]: the middleware stack (request id, trace span, error logging), health and
@@ -14,6 +15,7 @@
 
 pub mod admin;
 pub mod config;
+pub mod dead;
 pub mod http;
 pub mod infra;
 pub mod metrics;

@@ -1,8 +1,9 @@
 //! `GET /ops`: a plain operations page for people without a dashboard yet.
 //!
 //! It polls the service's stats endpoint and, once an admin token is typed in, lists the dead
-//! letters with a button per admin action. It is a thin face over the JSON endpoints: the page
-//! holds no logic an operator could not run with curl. No external assets, and a strict
+//! letters (filtered as the operator chooses) with a button per admin action, and buttons that
+//! take the action on every dead letter the filters match. It is a thin face over the JSON
+//! endpoints: the page holds no logic an operator could not run with curl. No external assets, and a strict
 //! Content-Security-Policy: scripts and styles only from the service itself.
 
 use std::sync::Arc;
@@ -36,8 +37,11 @@ pub struct OpsPage {
     pub dead: &'static str,
     /// The columns of the dead-letter table.
     pub columns: &'static [Column],
-    /// The admin actions offered on each dead letter.
+    /// The admin actions offered on each dead letter, and on every one matching the filters
+    /// at once (`POST {dead}/{action}?{filters}`, repeated while it answers a `nextCursor`).
     pub actions: &'static [Action],
+    /// The filters of the dead-letter list and of the bulk actions.
+    pub filters: &'static [Filter],
 }
 
 /// One stat of the stats JSON.
@@ -66,6 +70,15 @@ pub struct Action {
     /// The last path segment of its endpoint.
     pub name: &'static str,
     /// The button's text.
+    pub label: &'static str,
+}
+
+/// One filter of the dead-letter list: a query parameter of the list and the bulk actions.
+#[derive(Debug, Clone, Serialize)]
+pub struct Filter {
+    /// The query parameter.
+    pub key: &'static str,
+    /// The input's label.
     pub label: &'static str,
 }
 
@@ -142,6 +155,7 @@ mod tests {
         dead: "/x/dead",
         columns: &[],
         actions: &[],
+        filters: &[],
     };
 
     #[test]

@@ -120,6 +120,38 @@ pub struct NewDeadLetter<'a> {
     pub deliveries: i64,
 }
 
+/// Which open dead letters a listing or a bulk action takes: those matching every filter set,
+/// all of them when none is.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct DeadLetterFilter {
+    /// Only letters whose (first) `ce-type` header is this.
+    pub event_type: Option<String>,
+    /// Only letters whose error contains this text.
+    pub error_contains: Option<String>,
+}
+
+impl DeadLetterFilter {
+    /// Every open dead letter.
+    pub fn all() -> Self {
+        Self::default()
+    }
+
+    /// Only letters whose `ce-type` header is `event_type`.
+    #[must_use]
+    pub fn event_type(mut self, event_type: impl Into<String>) -> Self {
+        self.event_type = Some(event_type.into());
+        self
+    }
+
+    /// Only letters whose error contains `text`.
+    #[must_use]
+    pub fn error_contains(mut self, text: impl Into<String>) -> Self {
+        self.error_contains = Some(text.into());
+        self
+    }
+}
+
 /// The inbox of one consumer.
 #[derive(Debug, Clone)]
 pub struct Inbox {
@@ -179,9 +211,14 @@ impl Inbox {
         Ok(id)
     }
 
-    /// Lists open dead letters, after `after_id`, at most `limit`.
-    pub async fn dead(&self, after_id: i64, limit: i64) -> Result<Vec<DeadLetter>, Error> {
-        Ok(storage::dead(&self.pool, &self.consumer, after_id, limit).await?)
+    /// Lists open dead letters matching `filter`, after `after_id`, at most `limit`.
+    pub async fn dead(
+        &self,
+        filter: &DeadLetterFilter,
+        after_id: i64,
+        limit: i64,
+    ) -> Result<Vec<DeadLetter>, Error> {
+        Ok(storage::dead(&self.pool, &self.consumer, filter, after_id, limit).await?)
     }
 
     /// Reads an open dead letter, to replay it.
@@ -191,13 +228,27 @@ impl Inbox {
 
     /// Closes a dead letter once its replay succeeded; false if it was not open.
     pub async fn close_dead_letter(&self, id: i64) -> Result<bool, Error> {
-        Ok(storage::close_dead(&self.pool, &self.consumer, id, "applied").await?)
+        let filter = DeadLetterFilter::all();
+        Ok(
+            storage::close_dead(&self.pool, &self.consumer, Some(id), &filter, "applied").await?
+                == 1,
+        )
     }
 
     /// Gives up on a dead letter without applying it: it stays recorded as skipped; false if
     /// it was not open.
     pub async fn skip_dead_letter(&self, id: i64) -> Result<bool, Error> {
-        Ok(storage::close_dead(&self.pool, &self.consumer, id, "skipped").await?)
+        let filter = DeadLetterFilter::all();
+        Ok(
+            storage::close_dead(&self.pool, &self.consumer, Some(id), &filter, "skipped").await?
+                == 1,
+        )
+    }
+
+    /// [`Inbox::skip_dead_letter`] for every open dead letter matching `filter`, in one
+    /// statement; returns how many there were. Safe to repeat, and beside a running consumer.
+    pub async fn skip_dead_letters(&self, filter: &DeadLetterFilter) -> Result<u64, Error> {
+        Ok(storage::close_dead(&self.pool, &self.consumer, None, filter, "skipped").await?)
     }
 
     /// Reads the current [`InboxStats`].

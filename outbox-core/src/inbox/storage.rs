@@ -1,10 +1,11 @@
 //! Every SQL statement on the inbox tables.
 
+use std::borrow::Cow;
 use std::time::Duration;
 
 use sqlx::{PgConnection, PgPool};
 
-use super::{DeadLetter, Digest, InboxStats, NewDeadLetter};
+use super::{DeadLetter, DeadLetterFilter, Digest, InboxStats, NewDeadLetter};
 
 /// What [`record`] found.
 pub(crate) enum Recorded {
@@ -44,34 +45,51 @@ pub(crate) async fn record(
     })
 }
 
-/// Inserts a dead letter and returns its id.
+/// Inserts a dead letter and returns its id. Text PostgreSQL cannot store (a NUL byte) is
+/// shown as `\u{2400}`; a subject holding one is also kept byte for byte in `subject_bytes`.
 pub(crate) async fn insert_dead(
     pool: &PgPool,
     consumer: &str,
     letter: &NewDeadLetter<'_>,
 ) -> sqlx::Result<i64> {
+    let subject = storable(letter.subject);
+    let subject_bytes = matches!(subject, Cow::Owned(_)).then_some(letter.subject.as_bytes());
+    let message_id = letter.message_id.map(storable);
+    let error = storable(letter.error);
     sqlx::query_scalar!(
         r#"
-        INSERT INTO inbox_dead (consumer, message_id, subject, headers, payload, error, deliveries)
-        VALUES ($1, $2, $3, $4, $5, $6, $7)
+        INSERT INTO inbox_dead
+            (consumer, message_id, subject, subject_bytes, headers, payload, error, deliveries)
+        VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
         RETURNING id
         "#,
         consumer,
-        letter.message_id,
-        letter.subject,
+        message_id.as_deref(),
+        &*subject,
+        subject_bytes,
         letter.headers,
         letter.payload,
-        letter.error,
+        &*error,
         letter.deliveries,
     )
     .fetch_one(pool)
     .await
 }
 
-/// Lists open dead letters after `after_id`.
+/// `text` with every NUL byte, which a PostgreSQL text value cannot hold, shown as `␀`.
+fn storable(text: &str) -> Cow<'_, str> {
+    if text.contains('\0') {
+        Cow::Owned(text.replace('\0', "\u{2400}"))
+    } else {
+        Cow::Borrowed(text)
+    }
+}
+
+/// Lists open dead letters matching `filter` after `after_id`.
 pub(crate) async fn dead(
     pool: &PgPool,
     consumer: &str,
+    filter: &DeadLetterFilter,
     after_id: i64,
     limit: i64,
 ) -> sqlx::Result<Vec<DeadLetter>> {
@@ -81,12 +99,16 @@ pub(crate) async fn dead(
         SELECT id, message_id, subject, headers, payload, error, deliveries, created_at
         FROM inbox_dead
         WHERE consumer = $1 AND closed_at IS NULL AND id > $2
+          AND ($4::text IS NULL OR headers->'ce-type'->>0 = $4)
+          AND ($5::text IS NULL OR strpos(error, $5) > 0)
         ORDER BY id
         LIMIT $3
         "#,
         consumer,
         after_id,
         limit,
+        filter.event_type,
+        filter.error_contains,
     )
     .fetch_all(pool)
     .await
@@ -112,25 +134,32 @@ pub(crate) async fn find_dead(
     .await
 }
 
-/// Closes open dead letter `id` with `resolution` (`applied` or `skipped`); false if it was not open.
+/// Closes the open dead letters matching `id` (when given) and `filter` with `resolution`
+/// (`applied` or `skipped`), and returns how many there were.
 pub(crate) async fn close_dead(
     pool: &PgPool,
     consumer: &str,
-    id: i64,
+    id: Option<i64>,
+    filter: &DeadLetterFilter,
     resolution: &str,
-) -> sqlx::Result<bool> {
+) -> sqlx::Result<u64> {
     let result = sqlx::query!(
         r#"
         UPDATE inbox_dead SET closed_at = now(), resolution = $3
-        WHERE consumer = $1 AND id = $2 AND closed_at IS NULL
+        WHERE consumer = $1 AND closed_at IS NULL
+          AND ($2::bigint IS NULL OR id = $2)
+          AND ($4::text IS NULL OR headers->'ce-type'->>0 = $4)
+          AND ($5::text IS NULL OR strpos(error, $5) > 0)
         "#,
         consumer,
         id,
         resolution,
+        filter.event_type,
+        filter.error_contains,
     )
     .execute(pool)
     .await?;
-    Ok(result.rows_affected() == 1)
+    Ok(result.rows_affected())
 }
 
 /// Counts processed messages, duplicates and open dead letters.

@@ -2,6 +2,8 @@
 
 pub(crate) mod storage;
 
+use storage::Resolution;
+
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -69,21 +71,81 @@ pub struct DeadEvent {
     pub created_at: DateTime<Utc>,
 }
 
-/// Lists dead events in outbox order, after `after_seq`, at most `limit`.
-pub async fn dead(pool: &PgPool, after_seq: i64, limit: i64) -> Result<Vec<DeadEvent>, Error> {
-    Ok(storage::dead(pool, after_seq, limit).await?)
+/// Which dead events a listing or a bulk action takes: those matching every filter set, all of
+/// them when none is.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct DeadFilter {
+    /// Only events of this aggregate type.
+    pub aggregate_type: Option<String>,
+    /// Only events of this event type.
+    pub event_type: Option<String>,
+    /// Only events whose last error contains this text.
+    pub error_contains: Option<String>,
+}
+
+impl DeadFilter {
+    /// Every dead event.
+    pub fn all() -> Self {
+        Self::default()
+    }
+
+    /// Only events of `aggregate_type`.
+    #[must_use]
+    pub fn aggregate_type(mut self, aggregate_type: impl Into<String>) -> Self {
+        self.aggregate_type = Some(aggregate_type.into());
+        self
+    }
+
+    /// Only events of `event_type`.
+    #[must_use]
+    pub fn event_type(mut self, event_type: impl Into<String>) -> Self {
+        self.event_type = Some(event_type.into());
+        self
+    }
+
+    /// Only events whose last error contains `text`.
+    #[must_use]
+    pub fn error_contains(mut self, text: impl Into<String>) -> Self {
+        self.error_contains = Some(text.into());
+        self
+    }
+}
+
+/// Lists dead events matching `filter` in outbox order, after `after_seq`, at most `limit`.
+pub async fn dead(
+    pool: &PgPool,
+    filter: &DeadFilter,
+    after_seq: i64,
+    limit: i64,
+) -> Result<Vec<DeadEvent>, Error> {
+    Ok(storage::dead(pool, filter, after_seq, limit).await?)
 }
 
 /// Makes a dead event pending again (attempts reset): it is published, then the events it
 /// held back follow. Returns false when `id` is not a dead event.
 pub async fn retry_dead(pool: &PgPool, id: Uuid) -> Result<bool, Error> {
-    Ok(storage::retry_dead(pool, id).await?)
+    Ok(storage::resolve_dead(pool, Some(id), &DeadFilter::all(), Resolution::Retry).await? == 1)
 }
 
 /// Gives up on a dead event: it stays recorded as `skipped` and the events it held back
 /// follow. Returns false when `id` is not a dead event.
 pub async fn skip_dead(pool: &PgPool, id: Uuid) -> Result<bool, Error> {
-    Ok(storage::skip_dead(pool, id).await?)
+    Ok(storage::resolve_dead(pool, Some(id), &DeadFilter::all(), Resolution::Skip).await? == 1)
+}
+
+/// [`retry_dead`] for every dead event matching `filter`, in one statement; returns how many
+/// there were. Repeating it is harmless (the events are no longer dead), and so is running it
+/// while relays run: they never touch dead rows, and a row that dies meanwhile is either
+/// retried or left dead, never half of each.
+pub async fn retry_dead_matching(pool: &PgPool, filter: &DeadFilter) -> Result<u64, Error> {
+    Ok(storage::resolve_dead(pool, None, filter, Resolution::Retry).await?)
+}
+
+/// [`skip_dead`] for every dead event matching `filter`, in one statement; returns how many
+/// there were. Safe to repeat and to run beside relays, as [`retry_dead_matching`].
+pub async fn skip_dead_matching(pool: &PgPool, filter: &DeadFilter) -> Result<u64, Error> {
+    Ok(storage::resolve_dead(pool, None, filter, Resolution::Skip).await?)
 }
 
 /// Deletes published and skipped events older than `retention`, `batch` rows per statement.

@@ -6,7 +6,7 @@ use chrono::{DateTime, Utc};
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
-use super::{DeadEvent, OutboxStats};
+use super::{DeadEvent, DeadFilter, OutboxStats};
 use crate::NewEvent;
 
 /// A claimed row, ready to publish.
@@ -198,9 +198,10 @@ pub(crate) async fn stats(pool: &PgPool) -> sqlx::Result<OutboxStats> {
     .await
 }
 
-/// Lists dead events after `after_seq` in outbox order.
+/// Lists dead events matching `filter` after `after_seq` in outbox order.
 pub(crate) async fn dead(
     pool: &PgPool,
+    filter: &DeadFilter,
     after_seq: i64,
     limit: i64,
 ) -> sqlx::Result<Vec<DeadEvent>> {
@@ -210,50 +211,82 @@ pub(crate) async fn dead(
         SELECT seq, id, aggregate_type, aggregate_id, event_type, attempts, last_error, created_at
         FROM outbox
         WHERE status = 'dead' AND seq > $1
+          AND ($3::text IS NULL OR aggregate_type = $3)
+          AND ($4::text IS NULL OR event_type = $4)
+          AND ($5::text IS NULL OR strpos(last_error, $5) > 0)
         ORDER BY seq
         LIMIT $2
         "#,
         after_seq,
         limit,
+        filter.aggregate_type,
+        filter.event_type,
+        filter.error_contains,
     )
     .fetch_all(pool)
     .await
 }
 
-/// Makes dead event `id` pending with fresh attempts and wakes the relays; false if not dead.
-pub(crate) async fn retry_dead(pool: &PgPool, id: Uuid) -> sqlx::Result<bool> {
-    let notified = sqlx::query_scalar!(
+/// Moves the dead events matching `id` (when given) and `filter` to `status`: `pending` with
+/// fresh attempts (retried) or `skipped` (given up, releasing their aggregates); wakes the
+/// relays and returns how many there were.
+pub(crate) async fn resolve_dead(
+    pool: &PgPool,
+    id: Option<Uuid>,
+    filter: &DeadFilter,
+    status: Resolution,
+) -> sqlx::Result<u64> {
+    let resolved = sqlx::query!(
         r#"
-        WITH retried AS (
-            UPDATE outbox SET status = 'pending', attempts = 0, next_attempt_at = now()
-            WHERE id = $1 AND status = 'dead'
-            RETURNING seq
-        )
-        SELECT pg_notify('outbox', '')::text FROM retried
+        UPDATE outbox
+        SET status = $5,
+            attempts = CASE WHEN $5 = 'pending' THEN 0 ELSE attempts END,
+            next_attempt_at = CASE WHEN $5 = 'pending' THEN now() ELSE next_attempt_at END
+        WHERE status = 'dead'
+          AND ($1::uuid IS NULL OR id = $1)
+          AND ($2::text IS NULL OR aggregate_type = $2)
+          AND ($3::text IS NULL OR event_type = $3)
+          AND ($4::text IS NULL OR strpos(last_error, $4) > 0)
         "#,
         id,
+        filter.aggregate_type,
+        filter.event_type,
+        filter.error_contains,
+        status.as_str(),
     )
-    .fetch_optional(pool)
-    .await?;
-    Ok(notified.is_some())
+    .execute(pool)
+    .await?
+    .rows_affected();
+    if resolved > 0 {
+        wake(pool).await?;
+    }
+    Ok(resolved)
 }
 
-/// Marks dead event `id` skipped, releasing its aggregate, and wakes the relays; false if not
-/// dead.
-pub(crate) async fn skip_dead(pool: &PgPool, id: Uuid) -> sqlx::Result<bool> {
-    let notified = sqlx::query_scalar!(
-        r#"
-        WITH skipped AS (
-            UPDATE outbox SET status = 'skipped' WHERE id = $1 AND status = 'dead'
-            RETURNING seq
-        )
-        SELECT pg_notify('outbox', '')::text FROM skipped
-        "#,
-        id,
-    )
-    .fetch_optional(pool)
-    .await?;
-    Ok(notified.is_some())
+/// What an operator does with a dead event.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Resolution {
+    /// Publish it again.
+    Retry,
+    /// Give up on it.
+    Skip,
+}
+
+impl Resolution {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Retry => "pending",
+            Self::Skip => "skipped",
+        }
+    }
+}
+
+/// Notifies [`super::CHANNEL`] outside any transaction: relays claim at once.
+pub(crate) async fn wake(pool: &PgPool) -> sqlx::Result<()> {
+    sqlx::query_scalar!("SELECT pg_notify('outbox', '')::text")
+        .fetch_one(pool)
+        .await?;
+    Ok(())
 }
 
 /// Deletes up to `batch` published or skipped rows created more than `retention` ago.

@@ -7,6 +7,8 @@
 const config = JSON.parse(document.getElementById("ops-config").textContent);
 const REFRESH_MS = 2000;
 let token = "";
+// The filters the list shows and the bulk buttons act on: those applied, not those typed.
+let filters = new URLSearchParams();
 
 const el = (tag, props = {}, children = []) => {
   const node = document.createElement(tag);
@@ -77,9 +79,56 @@ async function act(id, action) {
   await Promise.all([refreshStats(), refreshDead()]);
 }
 
+// Takes `action` on every dead letter the applied filters match, one request after another
+// while the service answers a cursor (a replay handles a bounded number per request).
+async function actOnAll(action) {
+  const described = filters.toString() ? `matching ${filters}` : "of this service";
+  if (!window.confirm(`${action.label} every dead letter ${described}?`)) return;
+  const params = new URLSearchParams(filters);
+  let count = 0;
+  let notApplied = 0;
+  for (;;) {
+    const response = await fetch(`${config.dead}/${action.name}?${params}`, {
+      method: "POST",
+      headers: { authorization: `Bearer ${token}` },
+    });
+    if (!response.ok) {
+      setStatus(`${action.label} all: refused (${response.status}): ${await problemDetail(response)}`, "bad");
+      break;
+    }
+    const outcome = await response.json();
+    count += outcome.count;
+    notApplied += outcome.notApplied;
+    if (!outcome.nextCursor) {
+      const left = notApplied ? `, ${notApplied} still not applicable` : "";
+      setStatus(`${action.label} all: ${count} done${left}`, notApplied ? "bad" : "good");
+      break;
+    }
+    params.set("cursor", outcome.nextCursor);
+  }
+  await Promise.all([refreshStats(), refreshDead()]);
+}
+
+function showFilters() {
+  const inputs = config.filters.map(({ key, label }) => {
+    const input = el("input", { id: `filter-${key}`, name: key, type: "text" });
+    return el("label", {}, [label, input]);
+  });
+  document.getElementById("filters").replaceChildren(...inputs);
+  const buttons = config.actions.map((action) => {
+    const button = el("button", { type: "button", textContent: `${action.label} all matching` });
+    button.dataset.bulk = action.name;
+    button.addEventListener("click", () => actOnAll(action));
+    return button;
+  });
+  document.getElementById("bulk").replaceChildren(...buttons);
+}
+
 async function refreshDead() {
   if (!token) return;
-  const response = await fetch(`${config.dead}?limit=200`, {
+  const query = new URLSearchParams(filters);
+  query.set("limit", "200");
+  const response = await fetch(`${config.dead}?${query}`, {
     headers: { authorization: `Bearer ${token}` },
     cache: "no-store",
   });
@@ -90,6 +139,7 @@ async function refreshDead() {
       : response.status === 403 ? "ADMIN_TOKEN is not configured on this service"
       : await problemDetail(response);
     document.getElementById("dead-summary").textContent = "";
+    document.getElementById("filter-form").hidden = true;
     setStatus(`Dead letters unavailable: ${reason}`, "bad");
     if (response.status === 401 || response.status === 403) token = "";
     return;
@@ -116,9 +166,10 @@ async function refreshDead() {
     return row;
   });
   document.getElementById("dead-rows").replaceChildren(...rows);
+  document.getElementById("filter-form").hidden = false;
   table.hidden = rows.length === 0;
   document.getElementById("dead-summary").textContent = rows.length === 0
-    ? "No dead letters."
+    ? (filters.toString() ? "No dead letters match the filters." : "No dead letters.")
     : `${rows.length} dead letter(s)${page.nextCursor ? ", the oldest 200 shown" : ""}.`;
 }
 
@@ -128,6 +179,19 @@ document.getElementById("token-form").addEventListener("submit", (event) => {
   setStatus("");
   refreshDead();
 });
+
+document.getElementById("filter-form").addEventListener("submit", (event) => {
+  event.preventDefault();
+  filters = new URLSearchParams();
+  for (const { key } of config.filters) {
+    const value = document.getElementById(`filter-${key}`).value.trim();
+    if (value) filters.set(key, value);
+  }
+  setStatus("");
+  refreshDead();
+});
+
+showFilters();
 
 function tick() {
   refreshStats();
