@@ -37,6 +37,7 @@ use tracing::Instrument as _;
 
 use crate::config::ConsumerConfig;
 use crate::invoices::{self, ApplyError, Change};
+use crate::quarantine::Sweep;
 
 /// Creates the durable pull consumer, or updates it to `config` when it exists (a changed
 /// `CONSUMER_ACK_WAIT_MS` takes effect at the next start); `subjects` is the stream's filter.
@@ -74,6 +75,8 @@ pub struct Consumer {
     /// How long the inbox remembers a message: an older one could be a copy of a message whose
     /// record is gone, so it is not applied.
     inbox_retention: Duration,
+    /// Finds the messages this consumer is delivered but the client cannot read.
+    sweep: Sweep,
 }
 
 /// What to do with a message, decided (and applied) by [`Rules::verdict`].
@@ -100,18 +103,21 @@ pub struct Rules {
 const NOT_YET_TRACKED: usize = 100_000;
 
 impl Consumer {
-    /// A consumer applying `rules`, to messages younger than `inbox_retention`.
+    /// A consumer applying `rules`, to messages younger than `inbox_retention`; `sweep` looks
+    /// for the messages it is delivered and cannot read.
     pub fn new(
         durable: PullConsumer,
         rules: Rules,
         config: ConsumerConfig,
         inbox_retention: Duration,
+        sweep: Sweep,
     ) -> Self {
         Self {
             durable,
             rules,
             config,
             inbox_retention,
+            sweep,
         }
     }
 
@@ -162,8 +168,10 @@ impl Consumer {
                 (lane, handler)
             })
             .unzip();
+        let sweep = tokio::spawn(consumer.sweep.clone().run(shutdown.clone()));
         consumer.pull(&lanes, &shutdown).await;
         drop(lanes);
+        let _ = sweep.await;
         for handler in handlers {
             if let Err(error) = handler.await {
                 tracing::error!(error = %error, "message handler failed");
@@ -200,6 +208,9 @@ impl Consumer {
                 };
                 match next {
                     Some(Ok(message)) => {
+                        if let Ok(info) = message.info() {
+                            self.sweep.received(info.stream_sequence);
+                        }
                         let key = message
                             .headers
                             .as_ref()

@@ -17,6 +17,7 @@ use utoipa::OpenApi;
 use utoipa_axum::router::OpenApiRouter;
 
 use crate::consumer::{self, Consumer, Rules};
+use crate::quarantine::Sweep;
 use crate::{Config, inbox_api, invoices};
 
 /// What handlers share.
@@ -107,12 +108,19 @@ impl App {
         .context("cannot create the durable consumer")?;
         let inbox = Inbox::new(pool.clone(), &config.consumer.name);
         let cleanup = Cleanup::inbox(inbox.clone(), config.inbox_retention);
+        let sweep = Sweep::new(
+            jetstream,
+            &common.stream,
+            &config.consumer.name,
+            inbox.clone(),
+        );
         let rules = Rules::new(inbox, config.consumer.max_retries);
         let consumer = Consumer::new(
             durable,
             rules.clone(),
             config.consumer.clone(),
             config.inbox_retention,
+            sweep,
         );
 
         let listener = TcpListener::bind(&common.listen_addr)

@@ -12,6 +12,7 @@ use sqlx::PgPool;
 
 struct TestApp {
     running: Running,
+    config: Config,
     pool: PgPool,
     jetstream: async_nats::jetstream::Context,
     prefix: String,
@@ -33,19 +34,35 @@ impl TestApp {
         config.consumer.retry_delay = Duration::from_millis(50);
         config.consumer.max_retries = 1000;
         adjust(&mut config);
-        let app = App::build(config).await.unwrap();
-        let pool = app.pool().clone();
-        let running = Running::spawn(app.port(), |stop| app.run_until_stopped(stop));
+        let (running, pool) = Self::start(config.clone()).await;
         let client = async_nats::connect(testing::nats_url()).await.unwrap();
         let jetstream = async_nats::jetstream::new(client);
         Self {
             running,
+            config,
             pool,
             jetstream,
             prefix,
             database,
             stream,
         }
+    }
+
+    async fn start(config: Config) -> (Running, PgPool) {
+        let app = App::build(config).await.unwrap();
+        let pool = app.pool().clone();
+        (
+            Running::spawn(app.port(), |stop| app.run_until_stopped(stop)),
+            pool,
+        )
+    }
+
+    /// Stops the service and starts it again on the same database and stream.
+    async fn restart(mut self) -> Self {
+        let (running, pool) = Self::start(self.config.clone()).await;
+        std::mem::replace(&mut self.running, running).stop().await;
+        self.pool = pool;
+        self
     }
 
     /// Publishes a message as the relay would, with `ce-id` = `id`.
@@ -94,6 +111,32 @@ impl TestApp {
 fn placed(order_id: &str, total_minor: i64) -> Vec<u8> {
     serde_json::to_vec(&json!({"orderId": order_id, "customer": "ada", "totalMinor": total_minor}))
         .unwrap()
+}
+
+/// Publishes a message to the test server byte for byte, through the NATS protocol itself:
+/// client libraries refuse what a hostile producer can send (a subject or header that is not
+/// UTF-8), and nats-server stores it all the same.
+async fn publish_bytes(subject: &[u8], headers: &[u8], body: &[u8]) {
+    use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _};
+    let url = testing::nats_url();
+    let address = url.trim_start_matches("nats://");
+    let mut connection =
+        tokio::io::BufStream::new(tokio::net::TcpStream::connect(address).await.unwrap());
+    let mut line = String::new();
+    connection.read_line(&mut line).await.unwrap(); // INFO
+    let mut frame = b"CONNECT {\"verbose\":false,\"headers\":true}\r\nHPUB ".to_vec();
+    frame.extend_from_slice(subject);
+    let block = [b"NATS/1.0\r\n".as_slice(), headers, b"\r\n"].concat();
+    let total = block.len() + body.len();
+    frame.extend_from_slice(format!(" {} {total}\r\n", block.len()).as_bytes());
+    frame.extend_from_slice(&block);
+    frame.extend_from_slice(body);
+    frame.extend_from_slice(b"\r\nPING\r\n");
+    connection.write_all(&frame).await.unwrap();
+    connection.flush().await.unwrap();
+    line.clear();
+    connection.read_line(&mut line).await.unwrap();
+    assert_eq!(line.trim_end(), "PONG", "the server took the message");
 }
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -411,12 +454,10 @@ async fn the_durable_consumer_is_created_or_updated() {
     testing::delete_stream(&name).await;
 }
 
-/// Messages a broken or hostile producer could publish straight to the stream: each is
-/// dead-lettered (kept whole, listed) instead of being applied, acked away or redelivered for
-/// good, and an ordinary order published after them is invoiced.
-#[tokio::test]
-async fn hostile_messages_are_dead_lettered_and_nothing_loops() {
-    let app = TestApp::spawn().await;
+/// Publishes, straight to the stream, what a broken or hostile producer could: ids of 3 KB, with
+/// a NUL and empty; a NUL in the body; a body that is not UTF-8; `ce-type` 1,000 times; bytes
+/// that are not UTF-8 in a subject and in a header; a NUL in a subject.
+async fn publish_hostile_list(app: &TestApp) {
     let publish_raw = |headers: HeaderMap, order_id: &str, body: Vec<u8>| {
         let subject = format!("{}.OrderPlaced.{order_id}", app.prefix);
         async {
@@ -453,6 +494,80 @@ async fn hostile_messages_are_dead_lettered_and_nothing_loops() {
         repeated.append("ce-type", "OrderPlaced");
     }
     publish_raw(repeated, "h-repeated", placed("h-repeated", 100)).await;
+    // What no client library lets a producer send: bytes that are not UTF-8 in the subject and
+    // in a header value. nats-server keeps them; async-nats cannot read them.
+    let ordinary_headers = b"ce-type: OrderPlaced\r\nce-id: m-bad-subject\r\n";
+    let subject = [app.prefix.as_bytes(), b".OrderPlaced.h\xffsubject"].concat();
+    publish_bytes(&subject, ordinary_headers, &placed("h-subject", 100)).await;
+    let subject = format!("{}.OrderPlaced.h-header", app.prefix);
+    let headers = b"ce-type: OrderPlaced\r\nce-id: m-bad\xfe-header\r\n";
+    publish_bytes(subject.as_bytes(), headers, &placed("h-header", 100)).await;
+    // A NUL in the subject (UTF-8, so it is delivered) of a message that is dead-lettered.
+    let subject = format!("{}.OrderPlaced.h\0subject", app.prefix);
+    let mut headers = with_id("m-nul-subject");
+    headers.insert("Nats-Msg-Id", "m-nul-subject");
+    let ack = app
+        .jetstream
+        .publish_with_headers(subject, headers, "not json".into())
+        .await
+        .unwrap();
+    ack.await.unwrap();
+}
+
+/// What the hostile list left is kept byte for byte: NUL-bearing header values and subjects,
+/// and the messages the client could not read.
+async fn assert_kept_byte_for_byte(app: &TestApp) {
+    // The NUL byte is kept: the header value is stored as its bytes.
+    let nul: Value = sqlx::query_scalar(
+        "SELECT headers->'ce-id'->0 FROM inbox_dead WHERE headers->'ce-id'->0 ? 'hex'",
+    )
+    .fetch_one(&app.pool)
+    .await
+    .unwrap();
+    assert_eq!(nul["hex"], "6d006e756c");
+    // A NUL in the subject is kept too: shown as ␀, and byte for byte.
+    let (subject, bytes): (String, Vec<u8>) = sqlx::query_as(
+        "SELECT subject, subject_bytes FROM inbox_dead WHERE message_id = 'm-nul-subject'",
+    )
+    .fetch_one(&app.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        subject,
+        format!("{}.OrderPlaced.h\u{2400}subject", app.prefix)
+    );
+    assert_eq!(
+        bytes,
+        format!("{}.OrderPlaced.h\0subject", app.prefix).as_bytes()
+    );
+    // What the client could not read is kept with its body and the bytes of its headers.
+    let unreadable: Vec<(Value, Vec<u8>)> = sqlx::query_as(
+        "SELECT headers, payload FROM inbox_dead \
+         WHERE error LIKE 'the NATS client cannot read%' ORDER BY id",
+    )
+    .fetch_all(&app.pool)
+    .await
+    .unwrap();
+    assert_eq!(unreadable.len(), 2);
+    assert_eq!(unreadable[0].1, placed("h-subject", 100));
+    let raw_headers = unreadable[1].0["NATS-Raw-Headers"][0]["hex"]
+        .as_str()
+        .unwrap();
+    assert!(
+        raw_headers.contains("6d2d626164fe2d686561646572"),
+        "{raw_headers}"
+    );
+}
+
+/// Messages a broken or hostile producer could publish straight to the stream: each is
+/// dead-lettered (kept whole, listed) instead of being applied, acked away or redelivered for
+/// good, and an ordinary order published after them is invoiced.
+#[tokio::test]
+async fn hostile_messages_are_dead_lettered_and_nothing_loops() {
+    // A message the client cannot read makes it drop its connection, and the messages delivered
+    // with it come back after the ack wait: 3 s instead of the default 30 keeps the test short.
+    let app = TestApp::spawn_with(|config| config.consumer.ack_wait = Duration::from_secs(3)).await;
+    publish_hostile_list(&app).await;
     app.publish("m-ok", "OrderPlaced", "o-ok", placed("o-ok", 700))
         .await;
 
@@ -466,9 +581,9 @@ async fn hostile_messages_are_dead_lettered_and_nothing_loops() {
         .await;
     app.publish("m-ok", "OrderPlaced", "o-ok", placed("o-ok", 700))
         .await;
-    let stats = eventually("seven dead letters and the copy seen", WAIT, || async {
+    let stats = eventually("ten dead letters and the copy seen", WAIT, || async {
         let stats = app.stats().await;
-        (stats["dead"] == 7 && stats["duplicate"] == 1).then_some(stats)
+        (stats["dead"] == 10 && stats["duplicate"] == 1).then_some(stats)
     })
     .await;
     assert_eq!(stats["processed"], 1, "{stats}");
@@ -483,22 +598,27 @@ async fn hostile_messages_are_dead_lettered_and_nothing_loops() {
             .await
             .unwrap();
     assert!(reused.contains("applied before"), "{reused}");
-    // The NUL byte is kept: the header value is stored as its bytes.
-    let nul: Value = sqlx::query_scalar(
-        "SELECT headers->'ce-id'->0 FROM inbox_dead WHERE headers->'ce-id'->0 ? 'hex'",
-    )
-    .fetch_one(&app.pool)
-    .await
-    .unwrap();
-    assert_eq!(nul["hex"], "6d006e756c");
+    assert_kept_byte_for_byte(&app).await;
     // Every message was settled: nothing is waiting for an ack or a redelivery.
     let consumer_name = Config::from_env().unwrap().consumer.name;
     let stream = app.jetstream.get_stream(&app.stream).await.unwrap();
-    eventually("every delivery settled", WAIT, || async {
+    let settled = || async {
         let info = stream.consumer_info(&consumer_name).await.ok()?;
-        (info.num_ack_pending == 0 && info.num_pending == 0).then_some(())
+        (info.num_ack_pending == 0 && info.num_pending == 0).then_some(info.delivered)
+    };
+    let delivered = eventually("every delivery settled", WAIT, settled).await;
+    // Started again, billing is delivered nothing of it: an order after the restart is the
+    // only message it gets, and the dead letters stay as they were.
+    let app = app.restart().await;
+    app.publish("m-after", "OrderPlaced", "o-after", placed("o-after", 300))
+        .await;
+    eventually("the order after the restart", WAIT, || async {
+        app.invoice("o-after").await
     })
     .await;
+    let after = eventually("every delivery settled again", WAIT, settled).await;
+    assert_eq!(after.consumer_sequence, delivered.consumer_sequence + 1);
+    assert_eq!(app.stats().await["dead"], 10);
     app.stop().await;
 }
 

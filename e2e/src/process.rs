@@ -75,6 +75,8 @@ pub struct NatsServer {
     pub tls: Option<TlsFiles>,
     /// Its place in a JetStream cluster, when it is one of several nodes.
     pub node: Option<Node>,
+    /// The largest message it takes, when not the default (1 MB).
+    pub max_payload: Option<usize>,
     store: PathBuf,
     child: Option<Child>,
 }
@@ -101,6 +103,14 @@ impl NatsServer {
     /// Starts a server that requires `credentials` (user, password) when given.
     pub async fn start_with(dir: &Path, credentials: Option<(String, String)>) -> Self {
         Self::launch(dir, credentials, None).await
+    }
+
+    /// Starts a server that takes messages of up to `max_payload` bytes.
+    pub async fn start_with_max_payload(dir: &Path, max_payload: usize) -> Self {
+        let mut server = Self::unstarted(dir, None, None, None);
+        server.max_payload = Some(max_payload);
+        server.restart().await;
+        server
     }
 
     /// Starts a server that requires TLS with the certificate of `tls`.
@@ -159,6 +169,7 @@ impl NatsServer {
             credentials,
             tls,
             node,
+            max_payload: None,
             store,
             child: None,
         }
@@ -213,7 +224,18 @@ impl NatsServer {
         .into_iter()
         .find(|p| !p.starts_with('/') || Path::new(p).exists())
         .unwrap_or("nats-server");
+        // What the command line cannot set goes into a configuration file.
+        let config = self.max_payload.map(|bytes| {
+            let path = self.store.with_extension("conf");
+            std::fs::write(&path, format!("max_payload: {bytes}\n")).expect("config written");
+            path
+        });
         let child = Command::new(server)
+            .args(
+                config
+                    .iter()
+                    .flat_map(|path| ["-c".into(), path.clone().into_os_string()]),
+            )
             .args([
                 "-a",
                 "127.0.0.1",

@@ -1,15 +1,17 @@
 //! A TCP proxy between a client and a server on loopback that can swallow the server's replies
-//! (publishes reach nats-server but their acknowledgements are lost), or cut the path both ways
-//! for good while every connection stays open, as a dead network does: nothing gets through
-//! and neither side is told.
+//! (publishes reach nats-server but their acknowledgements are lost), cut the path both ways
+//! for good while every connection stays open, as a dead network does (nothing gets through
+//! and neither side is told), or take the server down for a while: every connection closed, and
+//! each new one closed as soon as it is made.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
 
 /// The proxy; it stops accepting, and drops its connections, when dropped.
 #[derive(Debug)]
@@ -24,6 +26,15 @@ pub struct Proxy {
 struct Modes {
     swallow: AtomicBool,
     cut: AtomicBool,
+    down: AtomicBool,
+    /// Cancelled to close every connection made before it.
+    close: Mutex<CancellationToken>,
+}
+
+impl Modes {
+    fn close(&self) -> std::sync::MutexGuard<'_, CancellationToken> {
+        self.close.lock().unwrap_or_else(PoisonError::into_inner)
+    }
 }
 
 impl Proxy {
@@ -37,19 +48,42 @@ impl Proxy {
             let mut pipes = tokio::task::JoinSet::new();
             while let Ok((client, _)) = listener.accept().await {
                 while pipes.try_join_next().is_some() {}
+                if shared.down.load(Ordering::SeqCst) {
+                    continue; // dropped: closed at once
+                }
                 let Ok(server) = TcpStream::connect(("127.0.0.1", upstream)).await else {
                     continue;
                 };
                 let (client_read, client_write) = client.into_split();
                 let (server_read, server_write) = server.into_split();
-                pipes.spawn(forward(client_read, server_write, shared.clone(), false));
-                pipes.spawn(forward(server_read, client_write, shared.clone(), true));
+                let close = shared.close().clone();
+                for (from, to, replies) in [
+                    (client_read, server_write, false),
+                    (server_read, client_write, true),
+                ] {
+                    let (modes, close) = (shared.clone(), close.clone());
+                    pipes.spawn(async move {
+                        tokio::select! {
+                            () = forward(from, to, modes, replies) => {}
+                            () = close.cancelled() => {}
+                        }
+                    });
+                }
             }
         });
         Self {
             port,
             modes,
             accept,
+        }
+    }
+
+    /// While down, every connection is closed and each new one is closed as soon as it is made,
+    /// as by a server that is restarting; once up again, connections are carried as before.
+    pub fn set_down(&self, down: bool) {
+        self.modes.down.store(down, Ordering::SeqCst);
+        if down {
+            std::mem::take(&mut *self.modes.close()).cancel();
         }
     }
 

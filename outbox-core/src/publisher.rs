@@ -34,6 +34,13 @@ pub trait Publisher: Send + Sync {
         &self,
         messages: Vec<Message>,
     ) -> impl Future<Output = Vec<Result<(), PublishError>>> + Send;
+
+    /// Whether the broker answers now, when the publisher can tell without publishing
+    /// (`None`: it cannot). The relay asks while it believes the broker unreachable and has
+    /// nothing to publish, so that it notices the broker is back without an event to send.
+    fn reachable(&self) -> impl Future<Output = Option<bool>> + Send {
+        std::future::ready(None)
+    }
 }
 
 /// Publishes to JetStream with pipelined acknowledgements.
@@ -126,6 +133,14 @@ impl Publisher for JetStreamPublisher {
             results.extend(self.publish_window(window).await);
         }
         results
+    }
+
+    /// JetStream answers its account-info request (bounded by the context's timeout). Read as
+    /// plain JSON: async-nats' typed account info does not parse from every server version.
+    async fn reachable(&self) -> Option<bool> {
+        let answer: Result<serde_json::Value, _> =
+            self.context.request("INFO", &serde_json::json!({})).await;
+        Some(answer.is_ok_and(|answer| answer.get("error").is_none()))
     }
 }
 

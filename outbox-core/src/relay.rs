@@ -177,7 +177,15 @@ impl<P: Publisher> Relay<P> {
                     unrecorded.push(pass);
                     held_back = held;
                 }
-                Ok(Next::Nothing { held_back: held }) => held_back = held,
+                Ok(Next::Nothing { held_back: held }) => {
+                    held_back = held;
+                    // With nothing to publish, only asking tells whether the broker is back.
+                    if self.outage.load(Ordering::Relaxed) > 0
+                        && self.publisher.reachable().await == Some(true)
+                    {
+                        self.note_reachability(true, false);
+                    }
+                }
                 Err(error) => {
                     tracing::error!(error = ?error, "relay pass failed");
                     failed = true;

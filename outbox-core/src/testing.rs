@@ -207,4 +207,8 @@ impl<P: Publisher> Publisher for FaultyPublisher<P> {
         }
         results
     }
+
+    async fn reachable(&self) -> Option<bool> {
+        self.inner.reachable().await
+    }
 }
