@@ -35,6 +35,9 @@ pub struct ConsumerConfig {
     pub batch: usize,
     /// `CONSUMER_CONCURRENCY`: messages handled at once, each order's one after another.
     pub concurrency: usize,
+    /// `CONSUMER_APPLY_BATCH`: most messages of one lane applied in one transaction (1: each
+    /// in its own).
+    pub apply_batch: usize,
 }
 
 impl Config {
@@ -51,6 +54,7 @@ impl Config {
             max_retries: parse("CONSUMER_MAX_RETRIES", 100)?,
             batch: parse("CONSUMER_BATCH", 256)?,
             concurrency: parse("CONSUMER_CONCURRENCY", 8)?,
+            apply_batch: parse("CONSUMER_APPLY_BATCH", 64)?,
         };
         ensure(
             "CONSUMER_ACK_WAIT_MS",
@@ -66,6 +70,11 @@ impl Config {
             "CONSUMER_BATCH",
             (1..=10_000).contains(&consumer.batch),
             "must be 1 to 10000",
+        )?;
+        ensure(
+            "CONSUMER_APPLY_BATCH",
+            (1..=1000).contains(&consumer.apply_batch),
+            "must be 1 to 1000",
         )?;
         ensure(
             "CONSUMER_CONCURRENCY",

@@ -29,7 +29,7 @@ use async_nats::HeaderMap;
 use async_nats::jetstream::{self, AckKind, consumer::PullConsumer, consumer::pull};
 use futures::StreamExt as _;
 use outbox_core::inbox::{Digest, NewDeadLetter};
-use outbox_core::{Inbox, InboxError, Outcome};
+use outbox_core::{BatchError, Inbox, InboxError, Outcome};
 use serde::Deserialize;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -63,7 +63,8 @@ pub async fn durable(
     Ok(consumer)
 }
 
-/// Messages waiting in one lane; beyond this the pull waits, so few are held unacknowledged.
+/// Messages waiting in one lane besides one batch's worth; beyond this the pull waits, so few
+/// are held unacknowledged.
 const LANE_QUEUE: usize = 16;
 
 /// The consumer loop of billing-service.
@@ -158,11 +159,20 @@ impl Consumer {
         let consumer = Arc::new(self);
         let (lanes, handlers): (Vec<_>, Vec<_>) = (0..consumer.config.concurrency)
             .map(|_| {
-                let (lane, mut queue) = mpsc::channel::<jetstream::Message>(LANE_QUEUE);
+                let (lane, mut queue) =
+                    mpsc::channel::<jetstream::Message>(LANE_QUEUE + consumer.config.apply_batch);
                 let consumer = consumer.clone();
                 let handler = tokio::spawn(async move {
-                    while let Some(message) = queue.recv().await {
-                        consumer.handle(message).await;
+                    while let Some(first) = queue.recv().await {
+                        // What the lane holds already goes into the same transaction.
+                        let mut batch = vec![first];
+                        while batch.len() < consumer.config.apply_batch {
+                            match queue.try_recv() {
+                                Ok(message) => batch.push(message),
+                                Err(_) => break,
+                            }
+                        }
+                        consumer.handle(batch).await;
                     }
                 });
                 (lane, handler)
@@ -195,6 +205,7 @@ impl Consumer {
                 Ok(messages) => messages,
                 Err(error) => {
                     tracing::warn!(error = %error, "cannot pull messages; retrying");
+                    self.sweep.nudge();
                     tokio::select! {
                         () = shutdown.cancelled() => break,
                         () = tokio::time::sleep(Duration::from_secs(1)) => continue,
@@ -221,39 +232,55 @@ impl Consumer {
                             return;
                         }
                     }
-                    Some(Err(error)) => tracing::warn!(error = %error, "pull failed"),
+                    Some(Err(error)) => {
+                        // Perhaps a message the client could not read cut the connection.
+                        tracing::warn!(error = %error, "pull failed");
+                        self.sweep.nudge();
+                    }
                     None => break,
                 }
             }
         }
     }
 
-    /// Decides, applies, and acknowledges one message.
-    async fn handle(&self, message: jetstream::Message) {
-        let started = std::time::Instant::now();
-        let deliveries = message.info().map_or(1, |info| info.delivered);
-        let headers = message.headers.clone().unwrap_or_default();
-        let span = tracing::info_span!(
-            "message",
-            otel.name = format!("process {}", header(&headers, "ce-type").unwrap_or("message")),
-            otel.kind = "consumer",
-            messaging.message.id = header(&headers, "ce-id"),
-            messaging.destination.name = %message.subject,
-            event.type = header(&headers, "ce-type"),
-            trace_id = header(&headers, "traceparent").map(service_kit::http::trace_id),
-            deliveries,
-        );
-        service_kit::telemetry::continue_trace(&span, header(&headers, "traceparent"));
-        let verdict = match self.too_old(&message, &headers) {
-            Some(reason) => Verdict::Dead(reason),
-            None => {
-                self.rules
-                    .verdict(&headers, &message.payload)
-                    .instrument(span.clone())
-                    .await
+    /// Decides, applies (those that apply, in one transaction) and acknowledges messages of one
+    /// lane, in their order.
+    async fn handle(&self, messages: Vec<jetstream::Message>) {
+        let in_hand: Vec<InHand> = messages.into_iter().map(InHand::new).collect();
+        let mut verdicts: Vec<Option<Verdict>> = Vec::with_capacity(in_hand.len());
+        let mut applicable = Vec::new();
+        for (i, message) in in_hand.iter().enumerate() {
+            let prepared = match self.too_old(&message.message, &message.headers) {
+                Some(reason) => Err(Verdict::Dead(reason)),
+                None => Rules::prepare(&message.headers, &message.message.payload),
+            };
+            match prepared {
+                Ok(change) => {
+                    applicable.push((i, change));
+                    verdicts.push(None);
+                }
+                Err(verdict) => verdicts.push(Some(verdict)),
             }
-        };
-        let _entered = span.enter();
+        }
+        let spans: Vec<tracing::Span> = in_hand.iter().map(|m| m.span.clone()).collect();
+        for (i, verdict) in self.rules.apply_all(applicable, &spans).await {
+            verdicts[i] = Some(verdict);
+        }
+        for (message, verdict) in in_hand.into_iter().zip(verdicts) {
+            let verdict = verdict.unwrap_or_else(|| Verdict::Retry("not decided".into()));
+            self.settle(message, verdict).await;
+        }
+    }
+
+    /// Keeps a dead message as a dead letter, then acknowledges the message as `verdict` says.
+    async fn settle(&self, in_hand: InHand, verdict: Verdict) {
+        let InHand {
+            message,
+            headers,
+            deliveries,
+            span,
+            started,
+        } = in_hand;
         let ack = match verdict {
             Verdict::Ack => AckKind::Ack,
             Verdict::Retry(_) => AckKind::Nak(Some(self.config.retry_delay)),
@@ -268,13 +295,23 @@ impl Consumer {
                     error: &reason,
                     deliveries,
                 };
-                match self.rules.inbox.dead_letter(letter).await {
+                match self
+                    .rules
+                    .inbox
+                    .dead_letter(letter)
+                    .instrument(span.clone())
+                    .await
+                {
                     Ok(id) => {
-                        tracing::error!(dead_letter.id = id, reason, "message dead-lettered");
+                        span.in_scope(|| {
+                            tracing::error!(dead_letter.id = id, reason, "message dead-lettered");
+                        });
                         AckKind::Term
                     }
                     Err(error) => {
-                        tracing::warn!(error = ?error, "cannot store dead letter; retrying");
+                        span.in_scope(|| {
+                            tracing::warn!(error = ?error, "cannot store dead letter; retrying");
+                        });
                         AckKind::Nak(Some(self.config.retry_delay))
                     }
                 }
@@ -284,9 +321,54 @@ impl Consumer {
             .record(started.elapsed().as_secs_f64());
         // A lost ack only means a redelivery, which the inbox absorbs.
         if let Err(error) = message.ack_with(ack).await {
-            tracing::warn!(error = %error, "acknowledgement failed");
+            span.in_scope(|| tracing::warn!(error = %error, "acknowledgement failed"));
         }
     }
+}
+
+/// A message being handled, with what is read of it once.
+struct InHand {
+    message: jetstream::Message,
+    headers: HeaderMap,
+    /// The broker's delivery count.
+    deliveries: i64,
+    /// The message's span, continuing its producer's trace.
+    span: tracing::Span,
+    started: std::time::Instant,
+}
+
+impl InHand {
+    fn new(message: jetstream::Message) -> Self {
+        let started = std::time::Instant::now();
+        let deliveries = message.info().map_or(1, |info| info.delivered);
+        let headers = message.headers.clone().unwrap_or_default();
+        let span = tracing::info_span!(
+            "message",
+            otel.name = format!("process {}", header(&headers, "ce-type").unwrap_or("message")),
+            otel.kind = "consumer",
+            messaging.message.id = header(&headers, "ce-id"),
+            messaging.destination.name = %message.subject,
+            event.type = header(&headers, "ce-type"),
+            trace_id = header(&headers, "traceparent").map(service_kit::http::trace_id),
+            deliveries,
+        );
+        service_kit::telemetry::continue_trace(&span, header(&headers, "traceparent"));
+        Self {
+            message,
+            headers,
+            deliveries,
+            span,
+            started,
+        }
+    }
+}
+
+/// A message billing can apply: its inbox key and content, and the change it asks for.
+#[derive(Debug, Clone)]
+pub struct Applicable {
+    id: String,
+    digest: Digest,
+    change: Change,
 }
 
 impl Rules {
@@ -325,30 +407,105 @@ impl Rules {
 
     /// Decides what to do with a message and, when it can, applies it through the inbox.
     pub async fn verdict(&self, headers: &HeaderMap, payload: &[u8]) -> Verdict {
+        match Self::prepare(headers, payload) {
+            Ok(applicable) => self.apply_one(applicable).await,
+            Err(verdict) => verdict,
+        }
+    }
+
+    /// The change a message asks for, or the verdict when none is to be applied: parsed and
+    /// checked, its inbox key and digest taken.
+    fn prepare(headers: &HeaderMap, payload: &[u8]) -> Result<Applicable, Verdict> {
         let change = match parse(headers, payload) {
             Ok(Some(change)) => change,
-            Ok(None) => return Verdict::Ack,
-            Err(reason) => return Verdict::Dead(reason),
+            Ok(None) => return Err(Verdict::Ack),
+            Err(reason) => return Err(Verdict::Dead(reason)),
         };
         let (Some(id), Some(event_type)) = (header(headers, "ce-id"), header(headers, "ce-type"))
         else {
-            return Verdict::Dead("missing ce-id".into());
+            return Err(Verdict::Dead("missing ce-id".into()));
         };
         // A copy has the same type and body; the subject names the same type and order.
-        let digest = Digest::of(&[event_type.as_bytes(), payload]);
+        Ok(Applicable {
+            id: id.to_owned(),
+            digest: Digest::of(&[event_type.as_bytes(), payload]),
+            change,
+        })
+    }
+
+    /// Applies one message through the inbox.
+    async fn apply_one(&self, applicable: Applicable) -> Verdict {
+        let Applicable { id, digest, change } = applicable;
         let outcome = self
             .inbox
-            .process(id, &digest, move |conn| {
+            .process(&id, &digest, move |conn| {
                 Box::pin(invoices::apply(conn, change))
             })
             .await;
+        if outcome.is_ok() {
+            crate::failpoints::after_commit();
+        }
+        self.judge(&id, outcome)
+    }
+
+    /// Applies the messages of one lane (numbered as `spans`) in one inbox transaction, and
+    /// returns each one's verdict. A message whose effect fails is taken out and judged on its
+    /// own, and the others are applied together again: it never fails its batch-mates.
+    async fn apply_all(
+        &self,
+        mut batch: Vec<(usize, Applicable)>,
+        spans: &[tracing::Span],
+    ) -> Vec<(usize, Verdict)> {
+        let mut verdicts = Vec::with_capacity(batch.len());
+        while batch.len() > 1 {
+            let keys: Vec<(&str, Digest)> = batch
+                .iter()
+                .map(|(_, a)| (a.id.as_str(), a.digest))
+                .collect();
+            let changes: Vec<Change> = batch.iter().map(|(_, a)| a.change.clone()).collect();
+            let outcome = self
+                .inbox
+                .process_batch(&keys, |conn, i| {
+                    Box::pin(invoices::apply(conn, changes[i].clone()))
+                })
+                .await;
+            match outcome {
+                Ok(outcomes) => {
+                    crate::failpoints::after_commit();
+                    for ((i, applicable), outcome) in batch.drain(..).zip(outcomes) {
+                        let verdict = spans[i].in_scope(|| self.judge(&applicable.id, Ok(outcome)));
+                        verdicts.push((i, verdict));
+                    }
+                }
+                Err(BatchError::Effect { index, .. }) => {
+                    let (i, failed) = batch.remove(index);
+                    verdicts.push((i, self.apply_one(failed).instrument(spans[i].clone()).await));
+                }
+                Err(error) => {
+                    tracing::warn!(error = ?error, "batch failed; applying its messages one by one");
+                    break;
+                }
+            }
+        }
+        for (i, applicable) in batch {
+            verdicts.push((
+                i,
+                self.apply_one(applicable)
+                    .instrument(spans[i].clone())
+                    .await,
+            ));
+        }
+        verdicts
+    }
+
+    /// The verdict on message `id` from what the inbox did with it.
+    fn judge(&self, id: &str, outcome: Result<Outcome<()>, InboxError<ApplyError>>) -> Verdict {
         if !matches!(outcome, Err(InboxError::Effect(ApplyError::NotYet(_)))) {
             self.settled(id);
         }
         match outcome {
             Ok(Outcome::Processed(())) => {
                 tracing::info!("message applied");
-                crate::failpoints::after_commit();
                 Verdict::Ack
             }
             Ok(Outcome::Duplicate) => {

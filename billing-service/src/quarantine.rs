@@ -23,12 +23,15 @@ use base64::Engine as _;
 use outbox_core::Inbox;
 use outbox_core::inbox::NewDeadLetter;
 use serde::Deserialize;
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 /// How often the sweep looks at the consumer's unacknowledged messages.
 const EVERY: Duration = Duration::from_secs(5);
 /// Most unacknowledged messages one sweep reads.
 const SCAN: u64 = 1000;
+/// Wait after a nudge, for the client to connect again.
+const NUDGE_DELAY: Duration = Duration::from_millis(200);
 
 /// Finds and dead-letters the messages of one durable consumer the client cannot read.
 #[derive(Debug, Clone)]
@@ -40,6 +43,8 @@ pub struct Sweep {
     /// Stream sequences above the ack floor that need no look: received by this process,
     /// read through the API and found readable, or dead-lettered.
     settled: Arc<Mutex<BTreeSet<u64>>>,
+    /// Wakes the sweep before its time.
+    nudged: Arc<Notify>,
 }
 
 /// A stored message as `STREAM.MSG.GET` answers it.
@@ -67,6 +72,7 @@ impl Sweep {
             consumer: consumer.to_owned(),
             inbox,
             settled: Arc::default(),
+            nudged: Arc::default(),
         }
     }
 
@@ -75,16 +81,26 @@ impl Sweep {
         self.settled().insert(stream_sequence);
     }
 
+    /// Sweeps soon: the consumer lost its pull, as it does when a message it cannot read cuts
+    /// the client's connection.
+    pub fn nudge(&self) {
+        self.nudged.notify_one();
+    }
+
     fn settled(&self) -> std::sync::MutexGuard<'_, BTreeSet<u64>> {
         self.settled.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Sweeps every few seconds until `shutdown` is cancelled.
+    /// Sweeps every few seconds, and when nudged, until `shutdown` is cancelled.
     pub async fn run(self, shutdown: CancellationToken) {
         loop {
             tokio::select! {
                 () = shutdown.cancelled() => return,
                 () = tokio::time::sleep(EVERY) => {}
+                () = self.nudged.notified() => {
+                    // Once the client has connected again.
+                    tokio::time::sleep(NUDGE_DELAY).await;
+                }
             }
             if let Err(error) = self.once().await {
                 tracing::warn!(error = ?error, "cannot look for unreadable messages; trying again");

@@ -211,9 +211,14 @@ async fn twenty_orders(config: &orders_service::Config) -> sqlx::PgPool {
             customer: "ada".into(),
             total_minor: i * 1000,
         };
-        orders::place(&pool, order.validate().unwrap(), None)
-            .await
-            .unwrap();
+        orders::place(
+            &pool,
+            &outbox_core::Wakeup::in_process(),
+            order.validate().unwrap(),
+            None,
+        )
+        .await
+        .unwrap();
     }
     pool
 }

@@ -7,7 +7,7 @@ use anyhow::Context as _;
 use async_nats::jetstream::context::ContextBuilder;
 use axum::Router;
 use axum::extract::FromRef;
-use outbox_core::{Cleanup, JetStreamPublisher, Relay};
+use outbox_core::{Cleanup, JetStreamPublisher, Relay, Wakeup};
 use service_kit::admin::{AdminSecurity, AdminToken};
 use service_kit::http::{self, BackgroundTask, Health};
 use service_kit::infra;
@@ -24,6 +24,8 @@ use crate::{Config, orders, outbox_api};
 pub struct AppState {
     /// The orders database (orders and outbox).
     pub pool: PgPool,
+    /// Told after every commit that enqueued events.
+    pub wakeup: Wakeup,
     /// What readiness checks.
     pub health: Health,
     /// The admin endpoints' token.
@@ -95,12 +97,20 @@ impl App {
             .timeout(config.publish_timeout)
             .build(nats.clone());
         infra::ensure_stream(&jetstream, common).await?;
+        // The relay of this process is woken through memory; without one, the relays of other
+        // instances are told with a NOTIFY sent after each commit (see outbox_core::wakeup).
+        let wakeup = if config.relay_enabled {
+            Wakeup::in_process()
+        } else {
+            Wakeup::across_processes(pool.clone())
+        };
         let relay = config.relay_enabled.then(|| {
             Relay::new(
                 pool.clone(),
                 JetStreamPublisher::new(jetstream).with_timeout(config.publish_timeout),
                 config.relay.clone(),
             )
+            .with_wakeup(&wakeup)
         });
 
         let listener = TcpListener::bind(&common.listen_addr)
@@ -114,6 +124,7 @@ impl App {
         let router = router(
             AppState {
                 pool: pool.clone(),
+                wakeup,
                 health,
                 admin,
             },

@@ -135,9 +135,14 @@ async fn failure_before_commit_leaves_neither_order_nor_event() {
         total_minor: 100,
     };
     assert!(
-        orders::place(&app.pool, order.validate().unwrap(), None)
-            .await
-            .is_err()
+        orders::place(
+            &app.pool,
+            &outbox_core::Wakeup::in_process(),
+            order.validate().unwrap(),
+            None
+        )
+        .await
+        .is_err()
     );
     let response = app
         .post(

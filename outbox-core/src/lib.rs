@@ -2,7 +2,8 @@
 //!
 //! A service that saves a row and then publishes an event loses the event when it crashes in
 //! between. With this crate the event is written in the same transaction as the row
-//! ([`enqueue`]) and a [`Relay`] publishes it afterwards, at least once, in per-aggregate order.
+//! ([`enqueue`]), the commit wakes the relays ([`commit`], [`Wakeup`]), and a [`Relay`]
+//! publishes it afterwards, at least once, in per-aggregate order.
 //! On the consuming side the [`Inbox`] records each message id in the same transaction as the
 //! message's effect, so a redelivered message does nothing.
 //!
@@ -15,6 +16,7 @@
 //! - [`cleanup`]: the background task that deletes finished rows after their retention;
 //! - [`backoff`]: exponential backoff with jitter for failed publishes;
 //! - [`migrate`]: the tables this crate needs, as sqlx migrators;
+//! - [`wakeup`]: waking relays after a commit, at no cost to the committing transaction;
 //! - [`testing`]: a publisher that injects broker faults, for tests of code built on this crate.
 //!
 //! The crate knows nothing about the events' meaning: payloads are JSON values chosen by the
@@ -36,12 +38,14 @@ pub mod outbox;
 pub mod publisher;
 pub mod relay;
 pub mod testing;
+pub mod wakeup;
 
 pub use backoff::Backoff;
 pub use cleanup::Cleanup;
 pub use error::{Error, PublishError};
 pub use event::NewEvent;
-pub use inbox::{Inbox, InboxError, Outcome};
+pub use inbox::{BatchError, Inbox, InboxError, Outcome};
 pub use outbox::{OutboxStats, enqueue};
 pub use publisher::{JetStreamPublisher, Message, Publisher};
 pub use relay::{BatchReport, Relay, RelayConfig};
+pub use wakeup::{Wakeup, commit};

@@ -24,10 +24,11 @@ use bytes::Bytes;
 use chrono::SecondsFormat;
 use sqlx::PgPool;
 use sqlx::postgres::PgListener;
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::outbox::storage::{self, Claimed};
-use crate::{Backoff, Error, Message, Publisher};
+use crate::{Backoff, Error, Message, Publisher, Wakeup};
 
 /// How the relay runs.
 #[derive(Debug, Clone)]
@@ -104,6 +105,8 @@ pub struct Relay<P> {
     config: RelayConfig,
     /// Passes in a row whose publishes all failed transiently (0: the broker is reachable).
     outage: AtomicU32,
+    /// Changes when code of this process committed events ([`Relay::with_wakeup`]).
+    woken: Option<watch::Receiver<u64>>,
 }
 
 impl<P: Publisher> Relay<P> {
@@ -114,15 +117,25 @@ impl<P: Publisher> Relay<P> {
             publisher,
             config,
             outage: AtomicU32::new(0),
+            woken: None,
         }
+    }
+
+    /// Wakes this relay when code of this process commits through `wakeup` (see
+    /// [`crate::wakeup`]), as soon as the commit is made.
+    #[must_use]
+    pub fn with_wakeup(mut self, wakeup: &Wakeup) -> Self {
+        self.woken = Some(wakeup.subscribe());
+        self
     }
 
     /// Runs passes until `shutdown` is cancelled; published passes are recorded first, a
     /// claimed one not yet published is let go.
     ///
-    /// The relay listens on [`crate::outbox::CHANNEL`] before its first pass, so a commit that
-    /// enqueues wakes it at once; `poll_interval` remains the fallback when notifications are
-    /// lost (a dropped listener connection is re-established by the next wait).
+    /// Commits wake the relay at once when they are told through its [`Wakeup`] (in this
+    /// process) or a `NOTIFY` on [`crate::outbox::CHANNEL`] (from others; the relay listens
+    /// before its first pass, and a dropped listener connection is re-established by the next
+    /// wait); `poll_interval` is the fallback for commits nobody told about.
     ///
     /// Passes overlap, each on its own transaction: while one pass's outcome is recorded the
     /// next is claimed and published, and while claims come back full (a backlog) a full claim
@@ -133,6 +146,7 @@ impl<P: Publisher> Relay<P> {
     pub async fn run(self, shutdown: CancellationToken) {
         tracing::info!(prefix = %self.config.subject_prefix, "relay started");
         let mut listener = None;
+        let mut woken = self.woken.clone();
         let mut claimed: Option<Claim> = None;
         let mut unrecorded: Vec<Pass> = Vec::new();
         while !shutdown.is_cancelled() {
@@ -205,6 +219,7 @@ impl<P: Publisher> Relay<P> {
                 () = shutdown.cancelled() => {}
                 () = tokio::time::sleep(wait) => {}
                 () = notified(&mut listener) => {}
+                () = committed(&mut woken) => {}
             }
             // One pass serves every commit notified so far.
             if let Some(listener) = &mut listener {
@@ -490,6 +505,18 @@ async fn notified(listener: &mut Option<PgListener>) {
         tracing::warn!(error = ?error, "commit listener failed; listening again shortly");
         *listener = None;
         tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+/// Resolves when code of this process committed events since the last call; never without a
+/// [`Wakeup`], or once every handle of it is gone.
+async fn committed(woken: &mut Option<watch::Receiver<u64>>) {
+    let Some(receiver) = woken else {
+        return std::future::pending().await;
+    };
+    if receiver.changed().await.is_err() {
+        *woken = None;
+        std::future::pending::<()>().await;
     }
 }
 

@@ -199,3 +199,101 @@ async fn an_id_reused_for_other_content_is_no_duplicate(pool: PgPool) {
     let stats = inbox.stats().await.unwrap();
     assert_eq!((stats.processed, stats.duplicate), (1, 1));
 }
+
+/// Adds one to the counter for each new message of `batch`, in one transaction.
+async fn count_up_batch(inbox: &Inbox, batch: &[(&str, Digest)]) -> Vec<Outcome<()>> {
+    inbox
+        .process_batch(batch, |conn, _| {
+            Box::pin(async move {
+                sqlx::query("UPDATE counter SET n = n + 1")
+                    .execute(conn)
+                    .await
+                    .map(drop)
+            })
+        })
+        .await
+        .unwrap()
+}
+
+/// A batch runs the effect of each message not processed before, once, and commits them
+/// together: a copy inside the batch or from before is a duplicate, an id reused for other
+/// content runs nothing, and a failed effect records nothing of the batch.
+#[sqlx::test(migrations = false)]
+async fn a_batch_applies_each_new_message_once(pool: PgPool) {
+    migrate(&pool).await;
+    create_counter(&pool).await;
+    let inbox = Inbox::new(pool.clone(), "billing");
+    let (a, b) = (Digest::of(&[b"a"]), Digest::of(&[b"b"]));
+    let outcomes = count_up_batch(&inbox, &[("m1", a), ("m2", a), ("m1", a), ("m2", b)]).await;
+    assert_eq!(
+        outcomes,
+        [
+            Outcome::Processed(()),
+            Outcome::Processed(()),
+            Outcome::Duplicate,
+            Outcome::IdReused
+        ]
+    );
+    let outcomes = count_up_batch(&inbox, &[("m2", a), ("m3", a), ("m1", b)]).await;
+    assert_eq!(
+        outcomes,
+        [
+            Outcome::Duplicate,
+            Outcome::Processed(()),
+            Outcome::IdReused
+        ]
+    );
+    assert_eq!(counter(&pool).await, 3);
+
+    let failed = inbox
+        .process_batch(&[("m4", a), ("m5", a), ("m6", a)], |conn, i| {
+            Box::pin(async move {
+                sqlx::query("UPDATE counter SET n = n + 1")
+                    .execute(&mut *conn)
+                    .await?;
+                if i == 1 {
+                    return Err(sqlx::Error::RowNotFound);
+                }
+                Ok(())
+            })
+        })
+        .await;
+    assert!(matches!(
+        failed,
+        Err(outbox_core::BatchError::Effect { index: 1, .. })
+    ));
+    assert_eq!(counter(&pool).await, 3, "nothing of the failed batch");
+    let outcomes = count_up_batch(&inbox, &[("m4", a), ("m6", a)]).await;
+    assert_eq!(outcomes, [Outcome::Processed(()), Outcome::Processed(())]);
+    assert_eq!(counter(&pool).await, 5);
+}
+
+/// Two consumers processing the same 200 messages in batches at once, one in the order of the
+/// other reversed: every message applied once, and no deadlock between their batches.
+#[sqlx::test(migrations = false)]
+async fn overlapping_batches_apply_each_message_once(pool: PgPool) {
+    migrate(&pool).await;
+    create_counter(&pool).await;
+    let ids: Vec<String> = (0..200).map(|i| format!("m{i:03}")).collect();
+    let digest = Digest::of(&[b"same"]);
+    let run = |reversed: bool| {
+        let inbox = Inbox::new(pool.clone(), "billing");
+        let mut ids = ids.clone();
+        if reversed {
+            ids.reverse();
+        }
+        tokio::spawn(async move {
+            for chunk in ids.chunks(20) {
+                let batch: Vec<(&str, Digest)> =
+                    chunk.iter().map(|id| (id.as_str(), digest)).collect();
+                count_up_batch(&inbox, &batch).await;
+            }
+        })
+    };
+    let (forward, backward) = (run(false), run(true));
+    forward.await.unwrap();
+    backward.await.unwrap();
+    assert_eq!(counter(&pool).await, 200);
+    let stats = Inbox::new(pool.clone(), "billing").stats().await.unwrap();
+    assert_eq!((stats.processed, stats.duplicate), (200, 200));
+}

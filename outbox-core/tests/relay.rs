@@ -10,7 +10,7 @@ use common::{TestStream, enqueue, eventually, migrate};
 use outbox_core::inbox::Digest;
 use outbox_core::outbox::DeadFilter;
 use outbox_core::testing::{Fault, FaultyPublisher, InFlight};
-use outbox_core::{Backoff, NewEvent, Relay, outbox};
+use outbox_core::{Backoff, NewEvent, Relay, Wakeup, outbox};
 use serde_json::json;
 use sqlx::PgPool;
 
@@ -459,19 +459,22 @@ async fn messages_carry_cloudevents_headers(pool: PgPool) {
     stream.delete().await;
 }
 
-/// With polling set to minutes, a commit still reaches the stream at once: enqueue notifies and
-/// the relay listens.
+/// With polling set to minutes, a commit still reaches the stream at once: committed through
+/// the relay's own `Wakeup` (its process), or through a `Wakeup` of another process's, which
+/// notifies after the commit (the relay listens).
 #[sqlx::test(migrations = false)]
 async fn commit_wakes_the_relay_long_before_the_poll_interval(pool: PgPool) {
     migrate(&pool).await;
     let stream = TestStream::new().await;
     let mut config = stream.relay_config();
     config.poll_interval = Duration::from_secs(600);
-    let relay = Relay::new(pool.clone(), stream.publisher(), config);
+    let here = Wakeup::in_process();
+    let relay = Relay::new(pool.clone(), stream.publisher(), config).with_wakeup(&here);
     let stop = tokio_util::sync::CancellationToken::new();
     let running = tokio::spawn(relay.run(stop.clone()));
+    let elsewhere = Wakeup::across_processes(pool.clone());
 
-    // Let the relay finish its first (empty) pass, so only a notification can wake it.
+    // Let the relay finish its first (empty) pass, so only a wake-up can wake it.
     eventually("the relay to listen", Duration::from_secs(10), || async {
         let listening: i64 = sqlx::query_scalar(
             "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'LISTEN%' AND datname = current_database()",
@@ -482,8 +485,11 @@ async fn commit_wakes_the_relay_long_before_the_poll_interval(pool: PgPool) {
         (listening > 0).then_some(())
     })
     .await;
-    for i in 0..3 {
-        enqueue(&pool, &format!("o{i}"), "OrderPlaced", json!({})).await;
+    for (i, wakeup) in [&here, &elsewhere, &here, &elsewhere]
+        .into_iter()
+        .enumerate()
+    {
+        enqueue_and_commit(&pool, wakeup, &format!("o{i}")).await;
         eventually(
             "the event on the stream",
             Duration::from_secs(10),
@@ -494,6 +500,14 @@ async fn commit_wakes_the_relay_long_before_the_poll_interval(pool: PgPool) {
     stop.cancel();
     running.await.unwrap();
     stream.delete().await;
+}
+
+/// Enqueues an `OrderPlaced` of `aggregate` and commits through `wakeup`.
+async fn enqueue_and_commit(pool: &PgPool, wakeup: &Wakeup, aggregate: &str) {
+    let mut tx = pool.begin().await.unwrap();
+    let event = NewEvent::new("order", aggregate, "OrderPlaced", &json!({})).unwrap();
+    outbox_core::enqueue(&mut tx, &event).await.unwrap();
+    outbox_core::commit(tx, wakeup).await.unwrap();
 }
 
 /// Four relays over 200 aggregates x 5 events with 10% of publishes failing at random (before
@@ -623,8 +637,8 @@ async fn one_failing_aggregate_does_not_stop_the_others(pool: PgPool) {
     stream.delete().await;
 }
 
-/// The relay listens again after its listening connection is killed, so commits keep waking it
-/// with polling set to minutes.
+/// The relay listens again after its listening connection is killed, so other processes' commits
+/// keep waking it with polling set to minutes.
 #[sqlx::test(migrations = false)]
 async fn relay_listens_again_after_losing_its_connection(pool: PgPool) {
     migrate(&pool).await;
@@ -655,7 +669,8 @@ async fn relay_listens_again_after_losing_its_connection(pool: PgPool) {
         || async { listener_pid().await.filter(|pid| *pid != first) },
     )
     .await;
-    enqueue(&pool, "o1", "OrderPlaced", json!({})).await;
+    // Committed by another process, which notifies after the commit.
+    enqueue_and_commit(&pool, &Wakeup::across_processes(pool.clone()), "o1").await;
     eventually(
         "the event on the stream",
         Duration::from_secs(10),

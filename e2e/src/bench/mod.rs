@@ -170,7 +170,8 @@ pub async fn run(options: &Options) -> anyhow::Result<PathBuf> {
         "order transaction directly through sqlx: {} clients for {:?}",
         options.connections, options.max_rate_for
     ));
-    let direct_sqlx_per_sec = refs::direct_sqlx(options.connections, options.max_rate_for).await?;
+    let direct_sqlx_per_sec =
+        refs::plain_transaction(options.connections, options.max_rate_for).await?;
     progress(&format!("  {direct_sqlx_per_sec:.0} tx/s"));
 
     progress(&format!(

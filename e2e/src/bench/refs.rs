@@ -6,7 +6,6 @@ use std::time::{Duration, Instant};
 use async_nats::HeaderMap;
 use async_nats::jetstream;
 use bytes::Bytes;
-use orders_service::orders::{self, NewOrder};
 use service_kit::testing;
 
 /// Acks awaited together, as `JetStreamPublisher` does by default.
@@ -71,32 +70,88 @@ pub async fn raw_publish(messages: usize) -> anyhow::Result<f64> {
     Ok(rate)
 }
 
-/// Runs the transaction of `POST /orders` (the order row and its outbox event) directly through
-/// sqlx from `clients` tasks for `length`, on a pool the size of the service's default, and
-/// returns transactions per second.
-pub async fn direct_sqlx(clients: usize, length: Duration) -> anyhow::Result<f64> {
-    let database = testing::unique("bench_sqlx");
-    let pool = service_kit::infra::connect_db(&testing::database_url(&database), 10).await?;
+/// What the database can do: the two inserts of `POST /orders` (an order row and an outbox row,
+/// no advisory lock, no notification) in one transaction, from `clients` tasks on a pool of as
+/// many connections, for `length`; transactions per second.
+pub async fn plain_transaction(clients: usize, length: Duration) -> anyhow::Result<f64> {
+    with_orders_database(
+        clients,
+        |pool| async move {
+            let mut tx = pool.begin().await?;
+            let id = uuid::Uuid::now_v7();
+            sqlx::query(
+                "INSERT INTO orders (id, customer, total_minor) VALUES ($1, 'bench', 1999)",
+            )
+            .bind(id.to_string())
+            .execute(&mut *tx)
+            .await?;
+            sqlx::query(
+                "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload) \
+             VALUES ($1, 'order', $2, 'OrderPlaced', $3)",
+            )
+            .bind(id)
+            .bind(id.to_string())
+            .bind(serde_json::json!({"orderId": id, "customer": "bench", "totalMinor": 1999}))
+            .execute(&mut *tx)
+            .await?;
+            tx.commit().await?;
+            Ok(())
+        },
+        length,
+    )
+    .await
+}
+
+/// The transaction of `POST /orders` as orders-service runs it (the order row, then its event
+/// through `outbox_core::enqueue`, with its per-aggregate advisory lock), with the clients, pool
+/// and length of [`plain_transaction`].
+pub async fn order_transaction(clients: usize, length: Duration) -> anyhow::Result<f64> {
+    with_orders_database(
+        clients,
+        |pool| async move {
+            let wakeup = outbox_core::Wakeup::in_process();
+            let order = orders_service::orders::NewOrder {
+                id: None,
+                customer: "bench".into(),
+                total_minor: 1999,
+            }
+            .validate()
+            .map_err(|e| anyhow::anyhow!("{e:?}"))?;
+            orders_service::orders::place(&pool, &wakeup, order, None)
+                .await
+                .map_err(|e| anyhow::anyhow!("{e:?}"))?;
+            Ok(())
+        },
+        length,
+    )
+    .await
+}
+
+/// Runs `transaction` from `clients` tasks on a pool of as many connections to a fresh orders
+/// database for `length`; returns transactions per second.
+async fn with_orders_database<F, Fut>(
+    clients: usize,
+    transaction: F,
+    length: Duration,
+) -> anyhow::Result<f64>
+where
+    F: Fn(sqlx::PgPool) -> Fut + Clone + Send + 'static,
+    Fut: std::future::Future<Output = anyhow::Result<()>> + Send,
+{
+    let database = testing::unique("bench_tx");
+    let pool =
+        service_kit::infra::connect_db(&testing::database_url(&database), clients as u32).await?;
     orders_service::startup::migrate(&pool).await?;
 
     let start = Instant::now();
     let deadline = start + length;
     let tasks: Vec<_> = (0..clients)
         .map(|_| {
-            let pool = pool.clone();
+            let (pool, transaction) = (pool.clone(), transaction.clone());
             tokio::spawn(async move {
                 let mut done = 0_u64;
                 while Instant::now() < deadline {
-                    let order = NewOrder {
-                        id: None,
-                        customer: "bench".into(),
-                        total_minor: 1999,
-                    }
-                    .validate()
-                    .map_err(|e| anyhow::anyhow!("{e:?}"))?;
-                    orders::place(&pool, order, None)
-                        .await
-                        .map_err(|e| anyhow::anyhow!("{e:?}"))?;
+                    transaction(pool.clone()).await?;
                     done += 1;
                 }
                 anyhow::Ok(done)

@@ -6,7 +6,7 @@ use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, Utc};
-use outbox_core::NewEvent;
+use outbox_core::{NewEvent, Wakeup};
 use serde::{Deserialize, Serialize};
 use service_kit::http::TraceParent;
 use service_kit::pagination::{self, Cursor, PageParams};
@@ -174,17 +174,19 @@ pub struct Placed {
     pub created: bool,
 }
 
-/// Places an order and enqueues `OrderPlaced` in one transaction. Repeating an identical
-/// request returns the stored order; the same id with another body is a conflict.
+/// Places an order and enqueues `OrderPlaced` in one transaction, then wakes the relays through
+/// `wakeup`. Repeating an identical request returns the stored order; the same id with another
+/// body is a conflict.
 pub async fn place(
     pool: &PgPool,
+    wakeup: &Wakeup,
     new: ValidOrder,
     traceparent: Option<String>,
 ) -> Result<Placed, ApiError> {
     let mut tx = pool.begin().await?;
     if let Some(order) = store::insert(&mut tx, &new).await? {
         outbox_core::enqueue(&mut tx, &order.event("OrderPlaced", traceparent)?).await?;
-        tx.commit().await?;
+        outbox_core::commit(tx, wakeup).await?;
         return Ok(Placed {
             order,
             created: true,
@@ -207,9 +209,11 @@ pub async fn place(
     }
 }
 
-/// Moves an order from `from` to `to` and enqueues `event_type`, in one transaction.
+/// Moves an order from `from` to `to` and enqueues `event_type`, in one transaction, then wakes
+/// the relays through `wakeup`.
 pub async fn transition(
     pool: &PgPool,
+    wakeup: &Wakeup,
     id: &str,
     from: OrderStatus,
     to: OrderStatus,
@@ -228,7 +232,7 @@ pub async fn transition(
         });
     };
     outbox_core::enqueue(&mut tx, &order.event(event_type, traceparent)?).await?;
-    tx.commit().await?;
+    outbox_core::commit(tx, wakeup).await?;
     Ok(order)
 }
 
@@ -258,7 +262,7 @@ async fn place_order(
     TraceParent(traceparent): TraceParent,
     Json(new): Json<NewOrder>,
 ) -> Result<Response, ApiError> {
-    let placed = place(&state.pool, new.validate()?, traceparent).await?;
+    let placed = place(&state.pool, &state.wakeup, new.validate()?, traceparent).await?;
     if !placed.created {
         return Ok(Json(placed.order).into_response());
     }
@@ -339,6 +343,7 @@ async fn pay_order(
 ) -> Result<Json<Order>, ApiError> {
     let order = transition(
         &state.pool,
+        &state.wakeup,
         &id,
         OrderStatus::Placed,
         OrderStatus::Paid,
@@ -366,6 +371,7 @@ async fn ship_order(
 ) -> Result<Json<Order>, ApiError> {
     let order = transition(
         &state.pool,
+        &state.wakeup,
         &id,
         OrderStatus::Paid,
         OrderStatus::Shipped,

@@ -67,6 +67,24 @@ pub enum InboxError<E> {
     Database(#[from] sqlx::Error),
 }
 
+/// Why [`Inbox::process_batch`] did not commit.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum BatchError<E> {
+    /// The effect of `batch[index]` failed; nothing of the batch was recorded.
+    #[error("the effect of message {index} of the batch failed")]
+    Effect {
+        /// The failed message's place in the batch.
+        index: usize,
+        /// What the effect returned.
+        #[source]
+        error: E,
+    },
+    /// The inbox's own statements or the commit failed; nothing was recorded.
+    #[error("inbox database error")]
+    Database(#[from] sqlx::Error),
+}
+
 /// Counts for dashboards, over the inbox's retention window.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
@@ -182,26 +200,87 @@ impl Inbox {
     where
         F: for<'c> FnOnce(&'c mut PgConnection) -> BoxFuture<'c, Result<T, E>>,
     {
-        let mut tx = self.pool.begin().await?;
-        match storage::record(&mut tx, &self.consumer, message_id, digest).await? {
-            storage::Recorded::New => {}
-            storage::Recorded::Copy => {
-                // Commits the duplicate counter.
-                tx.commit().await?;
-                metrics::counter!("inbox_duplicates_total").increment(1);
-                return Ok(Outcome::Duplicate);
-            }
-            storage::Recorded::OtherContent => {
-                // Rolls back the counter: this was no duplicate.
-                tx.rollback().await?;
-                metrics::counter!("inbox_id_reused_total").increment(1);
-                return Ok(Outcome::IdReused);
+        let mut effect = Some(effect);
+        let outcomes = self
+            .process_batch(&[(message_id, *digest)], |conn, _| match effect.take() {
+                Some(effect) => effect(conn),
+                None => unreachable!("one message, one effect"),
+            })
+            .await
+            .map_err(|error| match error {
+                BatchError::Effect { error, .. } => InboxError::Effect(error),
+                BatchError::Database(error) => InboxError::Database(error),
+            })?;
+        Ok(outcomes
+            .into_iter()
+            .next()
+            .expect("one outcome per message"))
+    }
+
+    /// [`Inbox::process`] for several messages in one transaction: records each message not
+    /// processed before and runs `effect(conn, i)` for each such `batch[i]`, in batch order,
+    /// then commits once. One commit instead of one per message is what makes it worth it: a
+    /// commit waits for its write-ahead log to reach the disk. A message whose id appears
+    /// earlier in the batch is judged after that commit, on its own, as a later delivery is.
+    ///
+    /// If an effect fails, nothing of the batch is recorded, and the error says which message
+    /// failed: process the others again without it.
+    pub async fn process_batch<T, E, F>(
+        &self,
+        batch: &[(&str, Digest)],
+        mut effect: F,
+    ) -> Result<Vec<Outcome<T>>, BatchError<E>>
+    where
+        F: for<'c> FnMut(&'c mut PgConnection, usize) -> BoxFuture<'c, Result<T, E>>,
+    {
+        let (firsts, repeats): (Vec<usize>, Vec<usize>) =
+            (0..batch.len()).partition(|&i| !batch[..i].iter().any(|(id, _)| *id == batch[i].0));
+        let mut outcomes: Vec<Option<Outcome<T>>> = (0..batch.len()).map(|_| None).collect();
+        for group in std::iter::once(firsts).chain(repeats.into_iter().map(|i| vec![i])) {
+            for (i, outcome) in self.record_and_apply(batch, &group, &mut effect).await? {
+                outcomes[i] = Some(outcome);
             }
         }
-        let value = effect(&mut tx).await.map_err(InboxError::Effect)?;
+        Ok(outcomes.into_iter().flatten().collect())
+    }
+
+    /// Records `batch[i]` for each `i` of `group` (distinct ids) and runs the effect of each new
+    /// one, in one transaction; returns each one's outcome.
+    async fn record_and_apply<T, E, F>(
+        &self,
+        batch: &[(&str, Digest)],
+        group: &[usize],
+        effect: &mut F,
+    ) -> Result<Vec<(usize, Outcome<T>)>, BatchError<E>>
+    where
+        F: for<'c> FnMut(&'c mut PgConnection, usize) -> BoxFuture<'c, Result<T, E>>,
+    {
+        let ids: Vec<&str> = group.iter().map(|&i| batch[i].0).collect();
+        let digests: Vec<&[u8]> = group.iter().map(|&i| &batch[i].1.0[..]).collect();
+        let mut tx = self.pool.begin().await?;
+        let recorded = storage::record(&mut tx, &self.consumer, &ids, &digests).await?;
+        let mut outcomes = Vec::with_capacity(group.len());
+        for (&i, recorded) in group.iter().zip(recorded) {
+            let outcome = match recorded {
+                storage::Recorded::New => match effect(&mut tx, i).await {
+                    Ok(value) => Outcome::Processed(value),
+                    Err(error) => return Err(BatchError::Effect { index: i, error }),
+                },
+                storage::Recorded::Copy => Outcome::Duplicate,
+                storage::Recorded::OtherContent => Outcome::IdReused,
+            };
+            outcomes.push((i, outcome));
+        }
         tx.commit().await?;
-        metrics::counter!("inbox_processed_total").increment(1);
-        Ok(Outcome::Processed(value))
+        for (_, outcome) in &outcomes {
+            let name = match outcome {
+                Outcome::Processed(_) => "inbox_processed_total",
+                Outcome::Duplicate => "inbox_duplicates_total",
+                Outcome::IdReused => "inbox_id_reused_total",
+            };
+            metrics::counter!(name).increment(1);
+        }
+        Ok(outcomes)
     }
 
     /// Keeps a message that cannot be parsed or applied, and returns the dead letter's id.

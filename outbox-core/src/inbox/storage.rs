@@ -5,44 +5,84 @@ use std::time::Duration;
 
 use sqlx::{PgConnection, PgPool};
 
-use super::{DeadLetter, DeadLetterFilter, Digest, InboxStats, NewDeadLetter};
+use super::{DeadLetter, DeadLetterFilter, InboxStats, NewDeadLetter};
 
-/// What [`record`] found.
+/// What [`record`] found for one message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Recorded {
     /// The id is new: recorded.
     New,
     /// The id was there with the same digest: the duplicate is counted.
     Copy,
-    /// The id was there with another digest (the count is to be rolled back).
+    /// The id was there with another digest.
     OtherContent,
 }
 
-/// Records `message_id` with `digest` for `consumer`, or says what was there.
+/// Records each of `ids` (distinct) with its digest for `consumer`, or says what was there; a
+/// copy's duplicate counter goes up.
 pub(crate) async fn record(
     conn: &mut PgConnection,
     consumer: &str,
-    message_id: &str,
-    digest: &Digest,
-) -> sqlx::Result<Recorded> {
-    // xmax = 0 only on a freshly inserted row; on conflict the row was updated instead, and
-    // RETURNING sees its digest as it was. A row from before digests were kept matches any copy.
-    let row = sqlx::query!(
+    ids: &[&str],
+    digests: &[&[u8]],
+) -> sqlx::Result<Vec<Recorded>> {
+    // In id order, so that two consumers recording overlapping batches take the rows' locks in
+    // the same order and never deadlock.
+    let inserted = sqlx::query_scalar!(
         r#"
-        INSERT INTO inbox (consumer, message_id, digest) VALUES ($1, $2, $3)
-        ON CONFLICT (consumer, message_id) DO UPDATE SET duplicates = inbox.duplicates + 1
-        RETURNING (xmax = 0) AS "inserted!", (digest IS NULL OR digest = $3) AS "same!"
+        INSERT INTO inbox (consumer, message_id, digest)
+        SELECT $1, message_id, digest FROM unnest($2::text[], $3::bytea[]) AS m(message_id, digest)
+        ORDER BY message_id
+        ON CONFLICT (consumer, message_id) DO NOTHING
+        RETURNING message_id
         "#,
         consumer,
-        message_id,
-        digest.as_bytes().as_slice(),
+        ids as &[&str],
+        digests as &[&[u8]],
     )
-    .fetch_one(conn)
+    .fetch_all(&mut *conn)
     .await?;
-    Ok(match (row.inserted, row.same) {
-        (true, _) => Recorded::New,
-        (false, true) => Recorded::Copy,
-        (false, false) => Recorded::OtherContent,
-    })
+    let mut recorded: Vec<Recorded> = ids
+        .iter()
+        .map(|id| {
+            if inserted.iter().any(|new| new == id) {
+                Recorded::New
+            } else {
+                Recorded::OtherContent
+            }
+        })
+        .collect();
+    let (seen, seen_digests): (Vec<&str>, Vec<&[u8]>) = ids
+        .iter()
+        .zip(digests)
+        .zip(&recorded)
+        .filter(|(_, recorded)| **recorded != Recorded::New)
+        .map(|((id, digest), _)| (*id, *digest))
+        .unzip();
+    if seen.is_empty() {
+        return Ok(recorded);
+    }
+    // A row from before digests were kept matches any copy.
+    let copies = sqlx::query_scalar!(
+        r#"
+        UPDATE inbox SET duplicates = inbox.duplicates + 1
+        FROM unnest($2::text[], $3::bytea[]) AS m(message_id, digest)
+        WHERE inbox.consumer = $1 AND inbox.message_id = m.message_id
+          AND (inbox.digest IS NULL OR inbox.digest = m.digest)
+        RETURNING inbox.message_id
+        "#,
+        consumer,
+        &seen as &[&str],
+        &seen_digests as &[&[u8]],
+    )
+    .fetch_all(conn)
+    .await?;
+    for (id, recorded) in ids.iter().zip(&mut recorded) {
+        if *recorded == Recorded::OtherContent && copies.iter().any(|copy| copy == id) {
+            *recorded = Recorded::Copy;
+        }
+    }
+    Ok(recorded)
 }
 
 /// Inserts a dead letter and returns its id. Text PostgreSQL cannot store (a NUL byte) is

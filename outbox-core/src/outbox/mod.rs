@@ -13,13 +13,16 @@ use uuid::Uuid;
 
 use crate::{Error, NewEvent};
 
-/// The PostgreSQL channel `enqueue` notifies at commit and relays listen on.
+/// The PostgreSQL channel relays listen on, notified after commits by
+/// [`crate::Wakeup::across_processes`] and by the operator's retries and skips.
 pub const CHANNEL: &str = "outbox";
 
 /// Writes `event` to the outbox inside the caller's transaction and returns its id.
 ///
 /// The row becomes visible to the relay only when the caller commits; if the transaction rolls
-/// back, the event never existed. Transactions that enqueue events of the same aggregate are
+/// back, the event never existed. Commit with [`crate::commit`] (or call
+/// [`crate::Wakeup::committed`] after the commit) so that a relay publishes it at once; else
+/// the relay's poll finds it. Transactions that enqueue events of the same aggregate are
 /// serialised (a transaction-scoped advisory lock per aggregate), so per aggregate the outbox
 /// order is the commit order.
 pub async fn enqueue(tx: &mut Transaction<'_, Postgres>, event: &NewEvent) -> Result<Uuid, Error> {

@@ -25,25 +25,19 @@ pub(crate) struct Claimed {
     pub(crate) held_back: bool,
 }
 
-/// Inserts one event after taking the per-aggregate advisory lock held until commit, and
-/// notifies [`super::CHANNEL`] (delivered at commit; repeated notifications in one transaction
-/// collapse into one).
+/// Inserts one event after taking the per-aggregate advisory lock held until commit.
 pub(crate) async fn insert(
     conn: &mut PgConnection,
     id: Uuid,
     event: &NewEvent,
 ) -> sqlx::Result<()> {
-    sqlx::query_scalar!(
+    sqlx::query!(
         r#"
         WITH aggregate_lock AS (
             SELECT pg_advisory_xact_lock(hashtextextended('outbox/' || $2 || '/' || $3, 0))
-        ),
-        inserted AS (
-            INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload, traceparent)
-            SELECT $1, $2, $3, $4, $5, $6 FROM aggregate_lock
-            RETURNING seq
         )
-        SELECT pg_notify('outbox', '')::text FROM inserted
+        INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload, traceparent)
+        SELECT $1, $2, $3, $4, $5, $6 FROM aggregate_lock
         "#,
         id,
         event.aggregate_type,
@@ -52,7 +46,7 @@ pub(crate) async fn insert(
         event.payload,
         event.traceparent,
     )
-    .fetch_one(conn)
+    .execute(conn)
     .await?;
     Ok(())
 }
