@@ -284,11 +284,30 @@ impl<P: Publisher> Relay<P> {
     /// [`Relay::record`].
     async fn claim(&self) -> Result<Claim, Error> {
         let mut tx = self.pool.begin().await?;
-        storage::lease(&mut tx, self.config.lease).await?;
-        let rows = storage::claim(&mut tx, self.config.batch_size).await?;
+        let rows = storage::claim(&mut tx, self.config.batch_size, self.config.lease).await?;
         let locked = rows.len();
         let rows = rows.into_iter().filter(|row| !row.held_back).collect();
-        Ok(Claim { tx, locked, rows })
+        Ok(Claim {
+            tx,
+            locked,
+            rows,
+            since: tokio::time::Instant::now(),
+        })
+    }
+
+    /// Starts the lease's idle time again when a quarter of it has gone since `since` (the
+    /// transaction's last statement), so that at least three quarters are always left for what
+    /// comes next; returns when the last statement now was, or the error of the renewal.
+    async fn renew_lease(
+        &self,
+        tx: &mut sqlx::Transaction<'static, sqlx::Postgres>,
+        since: tokio::time::Instant,
+    ) -> Result<tokio::time::Instant, sqlx::Error> {
+        if since.elapsed() <= self.config.lease / 4 {
+            return Ok(since);
+        }
+        storage::lease(tx, self.config.lease).await?;
+        Ok(tokio::time::Instant::now())
     }
 
     /// [`Relay::publish`] for a claim, if there is one.
@@ -302,7 +321,9 @@ impl<P: Publisher> Relay<P> {
     /// Publishes a claim's rows in waves, one event per aggregate each (see the module
     /// documentation).
     async fn publish(&self, claim: Claim) -> Pass {
-        let Claim { tx, rows, .. } = claim;
+        let Claim {
+            tx, rows, since, ..
+        } = claim;
         let mut pass = Pass {
             report: BatchReport {
                 claimed: rows.len(),
@@ -312,15 +333,13 @@ impl<P: Publisher> Relay<P> {
             published: Vec::new(),
             failed: Failures::default(),
         };
-        // The lease runs from each statement: renewed now, since a full claim may have waited a
-        // round, and after the last wave, since the record may wait for another pass.
-        if storage::lease(&mut pass.tx, self.config.lease)
-            .await
-            .is_err()
-        {
+        // The lease runs from each statement: renewed now if a full claim waited a round, and
+        // after the last wave if the waves took long, since the record may wait for another
+        // pass. A pass that publishes at once and quickly needs neither.
+        let Ok(since) = self.renew_lease(&mut pass.tx, since).await else {
             // The connection is gone: nothing is published, and the record says why.
             return pass;
-        }
+        };
         let until = tokio::time::Instant::now() + self.config.lease / 2;
         let (waves, aggregates) = into_waves(rows);
         let mut failed_aggregates = vec![false; aggregates];
@@ -379,7 +398,7 @@ impl<P: Publisher> Relay<P> {
         }
         self.note_reachability(reached, unreached);
         // An error here is the record's to report.
-        let _ = storage::lease(&mut pass.tx, self.config.lease).await;
+        let _ = self.renew_lease(&mut pass.tx, since).await;
         pass
     }
 
@@ -566,6 +585,8 @@ struct Claim {
     locked: usize,
     /// Rows to publish, in seq order.
     rows: Vec<Claimed>,
+    /// When the claim's statement ended: the lease's idle time runs from then.
+    since: tokio::time::Instant,
 }
 
 /// A pass whose rows were published (or failed) but not yet recorded: its transaction still

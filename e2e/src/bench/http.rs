@@ -164,7 +164,11 @@ pub(super) async fn hammer(
                 let (mut accepted, mut refused) = (0_u64, 0_u64);
                 while Instant::now() < deadline {
                     match client.post(&url).json(&order(None)).send().await {
-                        Ok(r) if r.status() == reqwest::StatusCode::CREATED => accepted += 1,
+                        // Read to its end: a response dropped unread closes its connection,
+                        // and the next request would pay for a new one.
+                        Ok(r) if r.status() == reqwest::StatusCode::CREATED => {
+                            accepted += u64::from(r.bytes().await.is_ok());
+                        }
                         _ => refused += 1,
                     }
                 }
@@ -218,8 +222,10 @@ fn peak_rss_mib(pid: u32) -> f64 {
         .map_or(f64::NAN, |kib| kib / 1024.0)
 }
 
-/// Sends `rate` orders per second for `length` through both services and measures.
-pub async fn steady(rate: u32, length: Duration) -> anyhow::Result<Steady> {
+/// Sends `rate` orders per second for `length` through both services and measures. With
+/// `instances` > 1, the orders go round-robin to that many orders-service instances of which
+/// only the first runs a relay: the others' commits reach it through the database.
+pub async fn steady(rate: u32, length: Duration, instances: usize) -> anyhow::Result<Steady> {
     let names = Names::unique();
     let logs = log_dir();
     // Billing first: it creates the stream and its durable consumer.
@@ -229,14 +235,19 @@ pub async fn steady(rate: u32, length: Duration) -> anyhow::Result<Steady> {
         &logs,
     )
     .await;
-    let mut orders = Service::start(
-        Kind::Orders,
-        env(&names, &names.orders_db, &testing::nats_url()),
-        &logs,
-    )
-    .await;
+    let mut services = Vec::with_capacity(instances);
+    for instance in 0..instances {
+        let mut env = env(&names, &names.orders_db, &testing::nats_url());
+        if instance > 0 {
+            env.push(("RELAY_ENABLED".into(), "false".into()));
+        }
+        services.push(Service::start(Kind::Orders, env, &logs).await);
+    }
     let client = reqwest::Client::new();
-    let url = format!("{}/orders", orders.url);
+    let urls: Vec<String> = services
+        .iter()
+        .map(|s| format!("{}/orders", s.url))
+        .collect();
 
     let total = (f64::from(rate) * length.as_secs_f64()) as u64;
     let failed = Arc::new(AtomicU64::new(0));
@@ -244,13 +255,19 @@ pub async fn steady(rate: u32, length: Duration) -> anyhow::Result<Steady> {
     let mut sends = Vec::with_capacity(total as usize);
     for i in 0..total {
         ticks.tick().await;
-        let (client, url, failed) = (client.clone(), url.clone(), failed.clone());
+        let url = urls[i as usize % urls.len()].clone();
+        let (client, failed) = (client.clone(), failed.clone());
         sends.push(tokio::spawn(async move {
             let answer = client
                 .post(&url)
                 .json(&order(Some(&format!("s{i}"))))
                 .send();
-            if !matches!(answer.await, Ok(r) if r.status() == reqwest::StatusCode::CREATED) {
+            let accepted = match answer.await {
+                // Read to its end, so that its connection serves the next request.
+                Ok(r) if r.status() == reqwest::StatusCode::CREATED => r.bytes().await.is_ok(),
+                _ => false,
+            };
+            if !accepted {
                 failed.fetch_add(1, Ordering::Relaxed);
             }
         }));
@@ -262,7 +279,7 @@ pub async fn steady(rate: u32, length: Duration) -> anyhow::Result<Steady> {
     let billing_db = PgPool::connect(&testing::database_url(&names.billing_db)).await?;
     let accepted = total - failed;
     all_invoiced(&billing_db, accepted, Duration::from_secs(60)).await?;
-    let orders_peak_rss_mib = orders.pid().map_or(f64::NAN, peak_rss_mib);
+    let orders_peak_rss_mib = services[0].pid().map_or(f64::NAN, peak_rss_mib);
     let billing_peak_rss_mib = billing.pid().map_or(f64::NAN, peak_rss_mib);
 
     let mut result = measure(&orders_db, &billing_db).await?;
@@ -273,7 +290,9 @@ pub async fn steady(rate: u32, length: Duration) -> anyhow::Result<Steady> {
 
     orders_db.close().await;
     billing_db.close().await;
-    orders.terminate().await;
+    for orders in &mut services {
+        orders.terminate().await;
+    }
     billing.terminate().await;
     names.clean_up().await;
     Ok(result)

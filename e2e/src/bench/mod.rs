@@ -1,18 +1,23 @@
 //! The benchmark: every figure of the quality bars, each with the machine's reference measured
 //! in the same run.
 //!
-//! - [`refs`]: raw pipelined JetStream publishing with message ids, and the order transaction
-//!   issued directly through sqlx;
+//! - [`refs`]: what the machine can do: raw pipelined JetStream publishing with message ids,
+//!   and a plain two-insert transaction from 16 clients through sqlx (no advisory lock, no
+//!   notification); also our order transaction through sqlx, for comparison;
 //! - [`drain`]: pre-filled pending outbox rows drained by 1 relay (rows kept, then rows
 //!   deleted as published) and by 4 relays;
+//! - [`billing`]: pre-published messages applied by billing, a lane's messages per
+//!   transaction (the default) and a transaction per message;
 //! - [`http`]: `POST /orders` at maximum rate, and a steady rate through both services with
-//!   order-commit → invoice-commit latency from the databases' own timestamps and peak RSS;
+//!   order-commit → invoice-commit latency from the databases' own timestamps and peak RSS,
+//!   with one orders-service and with two (one of them without a relay);
 //! - [`report`]: the printed table, `results.json` and the SVG charts.
 //!
 //! Everything runs against the real PostgreSQL and nats-server (`DATABASE_URL`, `NATS_URL`),
 //! the services as the release binaries of `scripts/build-services`, each phase with its own
 //! databases and stream.
 
+pub mod billing;
 pub mod drain;
 pub mod http;
 pub mod refs;
@@ -31,6 +36,8 @@ pub struct Options {
     pub raw_messages: usize,
     /// Pending rows each relay drain starts with.
     pub drain_events: i64,
+    /// Messages each billing drain starts with.
+    pub billing_messages: usize,
     /// Clients of the maximum-rate phases (HTTP and direct sqlx).
     pub connections: usize,
     /// Length of each maximum-rate phase.
@@ -49,6 +56,7 @@ impl Options {
         Self {
             raw_messages: 200_000,
             drain_events: 200_000,
+            billing_messages: 20_000,
             connections: 16,
             max_rate_for: Duration::from_secs(10),
             steady_rate: 500,
@@ -62,6 +70,7 @@ impl Options {
         Self {
             raw_messages: 5_000,
             drain_events: 5_000,
+            billing_messages: 1_000,
             connections: 4,
             max_rate_for: Duration::from_secs(1),
             steady_rate: 100,
@@ -89,12 +98,20 @@ pub struct Results {
     pub drain_1_relay_deleting_per_sec: f64,
     /// Relay drain with four relays, events per second.
     pub drain_4_relays_per_sec: f64,
-    /// The order transaction directly through sqlx, per second.
-    pub direct_sqlx_per_sec: f64,
+    /// The plain two-insert transaction through sqlx, per second: the database's reference.
+    pub plain_tx_per_sec: f64,
+    /// The order transaction of orders-service directly through sqlx, per second.
+    pub order_tx_per_sec: f64,
+    /// Billing applying pre-published messages, a lane's per transaction, invoices per second.
+    pub billing_drain_per_sec: f64,
+    /// The same with a transaction per message.
+    pub billing_drain_single_per_sec: f64,
     /// `POST /orders` at maximum rate, accepted per second.
     pub http_orders_per_sec: f64,
-    /// The steady phase.
+    /// The steady phase, one orders-service.
     pub steady: http::Steady,
+    /// The steady phase, two orders-service instances, only one of them with a relay.
+    pub steady_two: http::Steady,
     /// End to end at maximum rate as the deployment scales out.
     pub scale: Vec<scale::Scale>,
 }
@@ -106,6 +123,8 @@ pub struct Settings {
     pub raw_messages: usize,
     /// See [`Options::drain_events`].
     pub drain_events: i64,
+    /// See [`Options::billing_messages`].
+    pub billing_messages: usize,
     /// See [`Options::connections`].
     pub connections: usize,
     /// See [`Options::max_rate_for`], in seconds.
@@ -150,29 +169,21 @@ pub async fn run(options: &Options) -> anyhow::Result<PathBuf> {
     let raw_publish_per_sec = refs::raw_publish(options.raw_messages).await?;
     progress(&format!("  {raw_publish_per_sec:.0} msgs/s"));
 
-    let mut drains = Vec::new();
-    for (relays, delete_published) in [(1, false), (1, true), (4, false)] {
-        progress(&format!(
-            "relay drain: {} pending events, {relays} relay(s), rows {}",
-            options.drain_events,
-            if delete_published {
-                "deleted as published (OUTBOX_RETENTION_MS=0)"
-            } else {
-                "kept (default)"
-            }
-        ));
-        let rate = drain::drain(options.drain_events, relays, delete_published).await?;
-        progress(&format!("  {rate:.0} events/s"));
-        drains.push(rate);
-    }
+    let drains = relay_drains(options.drain_events).await?;
 
     progress(&format!(
-        "order transaction directly through sqlx: {} clients for {:?}",
+        "plain two-insert transaction through sqlx (reference): {} clients for {:?}",
         options.connections, options.max_rate_for
     ));
-    let direct_sqlx_per_sec =
+    let plain_tx_per_sec =
         refs::plain_transaction(options.connections, options.max_rate_for).await?;
-    progress(&format!("  {direct_sqlx_per_sec:.0} tx/s"));
+    progress(&format!("  {plain_tx_per_sec:.0} tx/s"));
+    progress("the order transaction of orders-service through sqlx, the same clients");
+    let order_tx_per_sec =
+        refs::order_transaction(options.connections, options.max_rate_for).await?;
+    progress(&format!("  {order_tx_per_sec:.0} tx/s"));
+
+    let billing_drains = billing_drains(options.billing_messages).await?;
 
     progress(&format!(
         "POST /orders at maximum rate: {} connections for {:?}",
@@ -181,12 +192,105 @@ pub async fn run(options: &Options) -> anyhow::Result<PathBuf> {
     let http_orders_per_sec = http::max_rate(options.connections, options.max_rate_for).await?;
     progress(&format!("  {http_orders_per_sec:.0} orders/s"));
 
-    progress(&format!(
-        "steady load through both services: {} orders/s for {:?}",
-        options.steady_rate, options.steady_for
-    ));
-    let steady = http::steady(options.steady_rate, options.steady_for).await?;
+    let mut steady = Vec::new();
+    for instances in [1, 2] {
+        progress(&format!(
+            "steady load through both services: {} orders/s for {:?}, {instances} orders-service \
+             instance(s){}",
+            options.steady_rate,
+            options.steady_for,
+            if instances > 1 {
+                ", a relay in the first only"
+            } else {
+                ""
+            }
+        ));
+        steady.push(http::steady(options.steady_rate, options.steady_for, instances).await?);
+    }
+    let steady_two = steady.pop().unwrap_or_default();
+    let steady = steady.pop().unwrap_or_default();
 
+    let scaled = scale_out(options).await?;
+
+    let results = Results {
+        started_at: started_at.to_rfc3339(),
+        settings: Settings {
+            raw_messages: options.raw_messages,
+            drain_events: options.drain_events,
+            billing_messages: options.billing_messages,
+            connections: options.connections,
+            max_rate_secs: options.max_rate_for.as_secs_f64(),
+            steady_rate: options.steady_rate,
+            steady_secs: options.steady_for.as_secs_f64(),
+        },
+        postgres_tls,
+        raw_publish_per_sec,
+        drain_1_relay_per_sec: drains[0],
+        drain_1_relay_deleting_per_sec: drains[1],
+        drain_4_relays_per_sec: drains[2],
+        plain_tx_per_sec,
+        order_tx_per_sec,
+        billing_drain_per_sec: billing_drains[0],
+        billing_drain_single_per_sec: billing_drains[1],
+        http_orders_per_sec,
+        steady,
+        steady_two,
+        scale: scaled,
+    };
+    let dir = options
+        .out
+        .join(started_at.format("%Y%m%dT%H%M%SZ").to_string());
+    report::write(&results, &dir)?;
+    report::print(&results);
+    Ok(dir)
+}
+
+/// The relay drains: 1 relay keeping rows, 1 deleting them, 4 keeping them.
+async fn relay_drains(events: i64) -> anyhow::Result<Vec<f64>> {
+    let mut drains = Vec::new();
+    for (relays, delete_published) in [(1, false), (1, true), (4, false)] {
+        progress(&format!(
+            "relay drain: {} pending events, {relays} relay(s), rows {}",
+            events,
+            if delete_published {
+                "deleted as published (OUTBOX_RETENTION_MS=0)"
+            } else {
+                "kept (default)"
+            }
+        ));
+        let rate = drain::drain(events, relays, delete_published).await?;
+        progress(&format!("  {rate:.0} events/s"));
+        drains.push(rate);
+    }
+
+    Ok(drains)
+}
+
+/// Billing's drains: the default (a lane's messages per transaction), then a transaction per
+/// message.
+async fn billing_drains(messages: usize) -> anyhow::Result<Vec<f64>> {
+    let mut billing_drains = Vec::new();
+    for apply_batch in [None, Some(1)] {
+        progress(&format!(
+            "billing drain: {} messages on the stream, {}",
+            messages,
+            if apply_batch.is_some() {
+                "a transaction per message (CONSUMER_APPLY_BATCH=1)"
+            } else {
+                "a lane's messages per transaction (default)"
+            }
+        ));
+        let rate = billing::drain(messages, apply_batch).await?;
+        progress(&format!("  {rate:.0} invoices/s"));
+        billing_drains.push(rate);
+    }
+
+    Ok(billing_drains)
+}
+
+/// End to end at maximum rate, 1 and 2 instances of each service, on one nats-server and on a
+/// 3-node cluster.
+async fn scale_out(options: &Options) -> anyhow::Result<Vec<scale::Scale>> {
     let mut scaled = Vec::new();
     for (replicas, nats_nodes) in [(1, 1), (2, 1), (1, 3), (2, 3)] {
         progress(&format!(
@@ -208,30 +312,5 @@ pub async fn run(options: &Options) -> anyhow::Result<PathBuf> {
         scaled.push(figures);
     }
 
-    let results = Results {
-        started_at: started_at.to_rfc3339(),
-        settings: Settings {
-            raw_messages: options.raw_messages,
-            drain_events: options.drain_events,
-            connections: options.connections,
-            max_rate_secs: options.max_rate_for.as_secs_f64(),
-            steady_rate: options.steady_rate,
-            steady_secs: options.steady_for.as_secs_f64(),
-        },
-        postgres_tls,
-        raw_publish_per_sec,
-        drain_1_relay_per_sec: drains[0],
-        drain_1_relay_deleting_per_sec: drains[1],
-        drain_4_relays_per_sec: drains[2],
-        direct_sqlx_per_sec,
-        http_orders_per_sec,
-        steady,
-        scale: scaled,
-    };
-    let dir = options
-        .out
-        .join(started_at.format("%Y%m%dT%H%M%SZ").to_string());
-    report::write(&results, &dir)?;
-    report::print(&results);
-    Ok(dir)
+    Ok(scaled)
 }

@@ -43,22 +43,16 @@ pub async fn raw_publish(messages: usize) -> anyhow::Result<f64> {
     create_stream(&js, &stream, &prefix).await?;
 
     let start = Instant::now();
-    let mut acks = Vec::with_capacity(WINDOW);
-    for i in 0..messages {
-        let mut headers = HeaderMap::new();
-        headers.insert("Nats-Msg-Id", uuid::Uuid::now_v7().to_string().as_str());
-        let subject = format!("{prefix}.OrderPlaced.o{}", i % 10_000);
-        acks.push(
-            js.publish_with_headers(subject, headers, sample_payload(i))
-                .await?,
-        );
-        if acks.len() == WINDOW || i + 1 == messages {
-            for ack in futures::future::join_all(acks.drain(..).map(IntoFuture::into_future)).await
-            {
-                ack?;
-            }
-        }
-    }
+    publish_all(
+        &js,
+        (0..messages).map(|i| {
+            let mut headers = HeaderMap::new();
+            headers.insert("Nats-Msg-Id", uuid::Uuid::now_v7().to_string().as_str());
+            let subject = format!("{prefix}.OrderPlaced.o{}", i % 10_000);
+            (subject, headers, sample_payload(i))
+        }),
+    )
+    .await?;
     let rate = messages as f64 / start.elapsed().as_secs_f64();
 
     let stored = js.get_stream(&stream).await?.info().await?.state.messages;
@@ -68,6 +62,26 @@ pub async fn raw_publish(messages: usize) -> anyhow::Result<f64> {
         "the stream holds {stored} of {messages} messages"
     );
     Ok(rate)
+}
+
+/// Publishes every (subject, headers, body) of `messages`, pipelined: PubAcks are awaited in
+/// windows, as `JetStreamPublisher` does.
+pub(crate) async fn publish_all(
+    js: &jetstream::Context,
+    messages: impl ExactSizeIterator<Item = (String, HeaderMap, Bytes)>,
+) -> anyhow::Result<()> {
+    let total = messages.len();
+    let mut acks = Vec::with_capacity(WINDOW);
+    for (i, (subject, headers, body)) in messages.enumerate() {
+        acks.push(js.publish_with_headers(subject, headers, body).await?);
+        if acks.len() == WINDOW || i + 1 == total {
+            for ack in futures::future::join_all(acks.drain(..).map(IntoFuture::into_future)).await
+            {
+                ack?;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// What the database can do: the two inserts of `POST /orders` (an order row and an outbox row,

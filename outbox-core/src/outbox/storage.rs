@@ -52,7 +52,8 @@ pub(crate) async fn insert(
 }
 
 /// Has PostgreSQL end this session should it stay idle in the current transaction longer
-/// than `lease`, which rolls the transaction back and lets its row locks go.
+/// than `lease`, which rolls the transaction back and lets its row locks go; as any statement
+/// does, it also starts the idle time again.
 pub(crate) async fn lease(conn: &mut PgConnection, lease: Duration) -> sqlx::Result<()> {
     let timeout = format!("{}ms", lease.as_millis());
     sqlx::query_scalar!(
@@ -64,10 +65,15 @@ pub(crate) async fn lease(conn: &mut PgConnection, lease: Duration) -> sqlx::Res
     Ok(())
 }
 
-/// Locks up to `limit` due pending rows (skipping rows other relays hold) and returns them in
-/// seq order, each marked `held_back` unless it heads its aggregate: every earlier unpublished
-/// event of the aggregate is in the same claim.
-pub(crate) async fn claim(conn: &mut PgConnection, limit: i64) -> sqlx::Result<Vec<Claimed>> {
+/// Sets the transaction's [`lease`], then locks up to `limit` due pending rows (skipping rows
+/// other relays hold) and returns them in seq order, each marked `held_back` unless it heads
+/// its aggregate: every earlier unpublished event of the aggregate is in the same claim.
+pub(crate) async fn claim(
+    conn: &mut PgConnection,
+    limit: i64,
+    lease: Duration,
+) -> sqlx::Result<Vec<Claimed>> {
+    let timeout = format!("{}ms", lease.as_millis());
     sqlx::query_as!(
         Claimed,
         r#"
@@ -76,6 +82,10 @@ pub(crate) async fn claim(conn: &mut PgConnection, limit: i64) -> sqlx::Result<V
                    attempts, created_at
             FROM outbox o
             WHERE status = 'pending' AND next_attempt_at <= now()
+              -- The lease, set once before the scan (an uncorrelated subquery), in the same
+              -- round trip as the claim.
+              AND (SELECT set_config('idle_in_transaction_session_timeout', $2, true))
+                  IS NOT NULL
               -- Behind a dead or failing head only the head is claimed (when due), so one
               -- failing aggregate cannot fill the batch and starve the others.
               AND NOT EXISTS (
@@ -114,6 +124,7 @@ pub(crate) async fn claim(conn: &mut PgConnection, limit: i64) -> sqlx::Result<V
         ORDER BY o.seq
         "#,
         limit,
+        timeout,
     )
     .fetch_all(conn)
     .await
