@@ -2,6 +2,7 @@
 //! app on port 0 with their own database and stream.
 
 use std::future::Future;
+use std::sync::Arc;
 
 use anyhow::Context as _;
 use axum::Router;
@@ -10,6 +11,7 @@ use outbox_core::{Cleanup, Inbox};
 use service_kit::admin::{AdminSecurity, AdminToken};
 use service_kit::http::{self, BackgroundTask, Health};
 use service_kit::infra;
+use service_kit::metrics::Cached;
 use sqlx::PgPool;
 use sqlx::migrate::Migrator;
 use tokio::net::TcpListener;
@@ -31,6 +33,8 @@ pub struct AppState {
     pub health: Health,
     /// The admin endpoints' token.
     pub admin: AdminToken,
+    /// The inbox gauge of `/metrics`, computed at most once per second.
+    pub gauges: Arc<Cached<outbox_core::inbox::InboxStats>>,
 }
 
 #[derive(OpenApi)]
@@ -137,6 +141,7 @@ impl App {
                 rules,
                 health,
                 admin,
+                gauges: Arc::new(Cached::new(service_kit::metrics::GAUGE_INTERVAL)),
             },
             http::Limits::from(common),
         );

@@ -11,6 +11,8 @@ GRANT USAGE ON SCHEMA public TO billing_app;
 GRANT SELECT, INSERT, UPDATE ON invoices TO billing_app;
 -- UPDATE counts duplicates; DELETE: the cleanup task removes records after INBOX_RETENTION_MS.
 GRANT SELECT, INSERT, UPDATE, DELETE ON inbox TO billing_app;
+-- The counts the inbox keeps as it records and deletes.
+GRANT SELECT, INSERT, UPDATE ON inbox_counts TO billing_app;
 -- Dead letters are kept: closed by an operator, never deleted.
 GRANT SELECT, INSERT, UPDATE ON inbox_dead TO billing_app;
 -- Read only: start-up checks that every migration was applied.

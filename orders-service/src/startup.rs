@@ -2,6 +2,7 @@
 //! app on port 0 with their own database and stream.
 
 use std::future::Future;
+use std::sync::Arc;
 
 use anyhow::Context as _;
 use async_nats::jetstream::context::ContextBuilder;
@@ -11,6 +12,7 @@ use outbox_core::{Cleanup, JetStreamPublisher, Relay, Wakeup};
 use service_kit::admin::{AdminSecurity, AdminToken};
 use service_kit::http::{self, BackgroundTask, Health};
 use service_kit::infra;
+use service_kit::metrics::Cached;
 use sqlx::PgPool;
 use sqlx::migrate::Migrator;
 use tokio::net::TcpListener;
@@ -30,6 +32,8 @@ pub struct AppState {
     pub health: Health,
     /// The admin endpoints' token.
     pub admin: AdminToken,
+    /// The outbox gauges of `/metrics`, computed at most once per second.
+    pub gauges: Arc<Cached<outbox_core::OutboxStats>>,
 }
 
 #[derive(OpenApi)]
@@ -127,6 +131,7 @@ impl App {
                 wakeup,
                 health,
                 admin,
+                gauges: Arc::new(Cached::new(service_kit::metrics::GAUGE_INTERVAL)),
             },
             http::Limits::from(common),
         );

@@ -297,3 +297,36 @@ async fn overlapping_batches_apply_each_message_once(pool: PgPool) {
     let stats = Inbox::new(pool.clone(), "billing").stats().await.unwrap();
     assert_eq!((stats.processed, stats.duplicate), (200, 200));
 }
+
+/// The stats read the counts the inbox keeps as it goes: they follow what was processed and
+/// recognised as a copy, and the cleanup takes off what it deletes.
+#[sqlx::test(migrations = false)]
+async fn stats_follow_the_records_and_the_cleanup(pool: PgPool) {
+    migrate(&pool).await;
+    create_counter(&pool).await;
+    let inbox = Inbox::new(pool.clone(), "billing");
+    let digest = Digest::of(&[b"same"]);
+    count_up_batch(&inbox, &[("m1", digest), ("m2", digest), ("m1", digest)]).await;
+    count_up(&inbox, "m2", &digest).await;
+    count_up(&inbox, "m3", &digest).await;
+    let stats = inbox.stats().await.unwrap();
+    assert_eq!(
+        (stats.processed, stats.duplicate, stats.exact),
+        (3, 2, true)
+    );
+    assert_eq!(
+        Inbox::new(pool.clone(), "audit")
+            .stats()
+            .await
+            .unwrap()
+            .processed,
+        0,
+        "per consumer"
+    );
+    assert_eq!(
+        inbox.cleanup(std::time::Duration::ZERO, 2).await.unwrap(),
+        3
+    );
+    let stats = inbox.stats().await.unwrap();
+    assert_eq!((stats.processed, stats.duplicate), (0, 0));
+}

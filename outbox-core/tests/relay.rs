@@ -277,6 +277,31 @@ async fn dead_head_parks_its_aggregate(pool: PgPool) {
     stream.delete().await;
 }
 
+/// The stats count up to `COUNT_LIMIT` and say when a count stopped there; the oldest pending
+/// event's age is read all the same.
+#[sqlx::test(migrations = false)]
+async fn stats_stop_counting_at_the_limit(pool: PgPool) {
+    migrate(&pool).await;
+    let stats = outbox::stats(&pool).await.unwrap();
+    assert_eq!(
+        (stats.pending, stats.oldest_pending_seconds, stats.exact),
+        (0, 0.0, true)
+    );
+    sqlx::query(
+        "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload, created_at)
+         SELECT gen_random_uuid(), 'order', 'o' || i, 'OrderPlaced', '{}',
+                now() - interval '1 minute'
+         FROM generate_series(1, $1) AS i",
+    )
+    .bind(outbox::COUNT_LIMIT + 5)
+    .execute(&pool)
+    .await
+    .unwrap();
+    let stats = outbox::stats(&pool).await.unwrap();
+    assert_eq!((stats.pending, stats.exact), (outbox::COUNT_LIMIT, false));
+    assert!(stats.oldest_pending_seconds >= 60.0, "{stats:?}");
+}
+
 /// Skipping a dead head records it as skipped and lets the held-back events follow.
 #[sqlx::test(migrations = false)]
 async fn skipped_dead_head_releases_its_aggregate(pool: PgPool) {

@@ -58,3 +58,42 @@ pub async fn track_http(request: Request, next: Next) -> Response {
 pub fn render() -> String {
     handle().render()
 }
+
+/// A value computed at most once per `every`, and shared meanwhile: the gauges of `/metrics`
+/// read the database, so however many scrapers there are, the database answers once per
+/// interval. Callers that arrive while it is being computed wait for that computation.
+#[derive(Debug)]
+pub struct Cached<T> {
+    every: std::time::Duration,
+    last: tokio::sync::Mutex<Option<(Instant, T)>>,
+}
+
+impl<T: Clone> Cached<T> {
+    /// Computes anew once `every` has passed since the last computation.
+    pub fn new(every: std::time::Duration) -> Self {
+        Self {
+            every,
+            last: tokio::sync::Mutex::new(None),
+        }
+    }
+
+    /// The last value if it is recent, else the value `compute` gives (and an error is not
+    /// kept: the next call tries again).
+    pub async fn get<E>(
+        &self,
+        compute: impl std::future::Future<Output = Result<T, E>>,
+    ) -> Result<T, E> {
+        let mut last = self.last.lock().await;
+        if let Some((at, value)) = last.as_ref()
+            && at.elapsed() < self.every
+        {
+            return Ok(value.clone());
+        }
+        let value = compute.await?;
+        *last = Some((Instant::now(), value.clone()));
+        Ok(value)
+    }
+}
+
+/// How often the gauges `/metrics` reads from the database are computed at most.
+pub const GAUGE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);

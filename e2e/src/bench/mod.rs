@@ -11,6 +11,8 @@
 //! - [`http`]: `POST /orders` at maximum rate, and a steady rate through both services with
 //!   order-commit → invoice-commit latency from the databases' own timestamps and peak RSS,
 //!   with one orders-service and with two (one of them without a relay);
+//! - [`views`]: the operator views (`/outbox/stats`, `/metrics`, `/ops`) with a few pending
+//!   events and with a backlog of a million;
 //! - [`report`]: the printed table, `results.json` and the SVG charts.
 //!
 //! Everything runs against the real PostgreSQL and nats-server (`DATABASE_URL`, `NATS_URL`),
@@ -23,6 +25,7 @@ pub mod http;
 pub mod refs;
 pub mod report;
 pub mod scale;
+pub mod views;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -38,6 +41,8 @@ pub struct Options {
     pub drain_events: i64,
     /// Messages each billing drain starts with.
     pub billing_messages: usize,
+    /// Pending events of the operator views' backlog.
+    pub views_backlog: i64,
     /// Clients of the maximum-rate phases (HTTP and direct sqlx).
     pub connections: usize,
     /// Length of each maximum-rate phase.
@@ -57,6 +62,7 @@ impl Options {
             raw_messages: 200_000,
             drain_events: 200_000,
             billing_messages: 20_000,
+            views_backlog: 1_000_000,
             connections: 16,
             max_rate_for: Duration::from_secs(10),
             steady_rate: 500,
@@ -71,6 +77,7 @@ impl Options {
             raw_messages: 5_000,
             drain_events: 5_000,
             billing_messages: 1_000,
+            views_backlog: 20_000,
             connections: 4,
             max_rate_for: Duration::from_secs(1),
             steady_rate: 100,
@@ -114,6 +121,8 @@ pub struct Results {
     pub steady_two: http::Steady,
     /// End to end at maximum rate as the deployment scales out.
     pub scale: Vec<scale::Scale>,
+    /// The operator views with 10 pending events, then with the backlog.
+    pub views: Vec<views::Views>,
 }
 
 /// The sizes of a run, recorded with its results.
@@ -125,6 +134,8 @@ pub struct Settings {
     pub drain_events: i64,
     /// See [`Options::billing_messages`].
     pub billing_messages: usize,
+    /// See [`Options::views_backlog`].
+    pub views_backlog: i64,
     /// See [`Options::connections`].
     pub connections: usize,
     /// See [`Options::max_rate_for`], in seconds.
@@ -212,12 +223,26 @@ pub async fn run(options: &Options) -> anyhow::Result<PathBuf> {
 
     let scaled = scale_out(options).await?;
 
+    let mut views = Vec::new();
+    for pending in [10, options.views_backlog] {
+        progress(&format!(
+            "operator views with {pending} pending events (relay off)"
+        ));
+        let timed = views::views(pending).await?;
+        progress(&format!(
+            "  /outbox/stats {:.2} ms, /metrics {:.2} ms, /ops {:.2} ms (medians)",
+            timed.stats_ms, timed.metrics_ms, timed.ops_ms
+        ));
+        views.push(timed);
+    }
+
     let results = Results {
         started_at: started_at.to_rfc3339(),
         settings: Settings {
             raw_messages: options.raw_messages,
             drain_events: options.drain_events,
             billing_messages: options.billing_messages,
+            views_backlog: options.views_backlog,
             connections: options.connections,
             max_rate_secs: options.max_rate_for.as_secs_f64(),
             steady_rate: options.steady_rate,
@@ -236,6 +261,7 @@ pub async fn run(options: &Options) -> anyhow::Result<PathBuf> {
         steady,
         steady_two,
         scale: scaled,
+        views,
     };
     let dir = options
         .out

@@ -121,6 +121,7 @@ fn bars(r: &Results) -> Vec<Line> {
     ] {
         lines.extend(steady_lines(steady, r.settings.steady_rate, instances));
     }
+    lines.extend(r.views.iter().map(view_line));
     let s = &r.steady;
     lines.push(Line {
         figure: "peak RSS orders / billing",
@@ -133,6 +134,20 @@ fn bars(r: &Results) -> Vec<Line> {
         met: s.orders_peak_rss_mib < 64.0 && s.billing_peak_rss_mib < 64.0,
     });
     lines
+}
+
+/// The operator views' medians with one outbox size.
+fn view_line(v: &super::views::Views) -> Line {
+    Line {
+        figure: "operator views, medians",
+        value: format!(
+            "{:.1} / {:.1} / {:.1} ms",
+            v.stats_ms, v.metrics_ms, v.ops_ms
+        ),
+        reference: format!("/outbox/stats, /metrics, /ops; {} pending", v.pending),
+        bar: "<= 10 ms each",
+        met: v.stats_ms <= 10.0 && v.metrics_ms <= 10.0 && v.ops_ms <= 10.0,
+    }
 }
 
 /// The latency and throughput lines of one steady phase.

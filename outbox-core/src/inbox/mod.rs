@@ -9,6 +9,8 @@
 
 pub(crate) mod storage;
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU16, Ordering};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -85,7 +87,9 @@ pub enum BatchError<E> {
     Database(#[from] sqlx::Error),
 }
 
-/// Counts for dashboards, over the inbox's retention window.
+/// Counts for dashboards, over the inbox's retention window, read in constant time: the
+/// inbox keeps `processed` and `duplicate` as it goes, and `dead` is counted up to
+/// [`crate::outbox::COUNT_LIMIT`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
 pub struct InboxStats {
@@ -93,8 +97,10 @@ pub struct InboxStats {
     pub processed: i64,
     /// Deliveries recognised as duplicates of processed messages.
     pub duplicate: i64,
-    /// Dead letters neither applied nor skipped yet.
+    /// Dead letters neither applied nor skipped yet, up to 10,000.
     pub dead: i64,
+    /// False when `dead` reached 10,000 and so means "at least 10,000".
+    pub exact: bool,
 }
 
 /// A message kept because it could not be parsed or applied.
@@ -175,7 +181,14 @@ impl DeadLetterFilter {
 pub struct Inbox {
     pool: PgPool,
     consumer: String,
+    /// Picks the row of the consumer's counts each transaction adds to, one after another from a
+    /// random start, so that transactions running at once (here and in other processes) seldom
+    /// share one.
+    next_slot: Arc<AtomicU16>,
 }
+
+/// Rows the counts of one consumer are spread over.
+const COUNT_SLOTS: u16 = 32;
 
 impl Inbox {
     /// The inbox of `consumer` (usually the durable consumer's name) in `pool`.
@@ -183,6 +196,7 @@ impl Inbox {
         Self {
             pool,
             consumer: consumer.into(),
+            next_slot: Arc::new(AtomicU16::new(rand::random())),
         }
     }
 
@@ -258,7 +272,9 @@ impl Inbox {
         let ids: Vec<&str> = group.iter().map(|&i| batch[i].0).collect();
         let digests: Vec<&[u8]> = group.iter().map(|&i| &batch[i].1.0[..]).collect();
         let mut tx = self.pool.begin().await?;
-        let recorded = storage::record(&mut tx, &self.consumer, &ids, &digests).await?;
+        let slot = self.next_slot.fetch_add(1, Ordering::Relaxed) % COUNT_SLOTS;
+        let recorded =
+            storage::record(&mut tx, &self.consumer, &ids, &digests, slot.cast_signed()).await?;
         let mut outcomes = Vec::with_capacity(group.len());
         for (&i, recorded) in group.iter().zip(recorded) {
             let outcome = match recorded {
@@ -332,7 +348,10 @@ impl Inbox {
 
     /// Reads the current [`InboxStats`].
     pub async fn stats(&self) -> Result<InboxStats, Error> {
-        Ok(storage::stats(&self.pool, &self.consumer).await?)
+        let limit = crate::outbox::COUNT_LIMIT;
+        let mut stats = storage::stats(&self.pool, &self.consumer, limit).await?;
+        stats.exact = stats.dead < limit;
+        Ok(stats)
     }
 
     /// Deletes inbox records older than `retention`, `batch` rows per statement, and returns

@@ -19,26 +19,38 @@ pub(crate) enum Recorded {
 }
 
 /// Records each of `ids` (distinct) with its digest for `consumer`, or says what was there; a
-/// copy's duplicate counter goes up.
+/// copy's duplicate counter goes up. The consumer's counts, in `slot`, go up with them.
 pub(crate) async fn record(
     conn: &mut PgConnection,
     consumer: &str,
     ids: &[&str],
     digests: &[&[u8]],
+    slot: i16,
 ) -> sqlx::Result<Vec<Recorded>> {
     // In id order, so that two consumers recording overlapping batches take the rows' locks in
     // the same order and never deadlock.
     let inserted = sqlx::query_scalar!(
         r#"
-        INSERT INTO inbox (consumer, message_id, digest)
-        SELECT $1, message_id, digest FROM unnest($2::text[], $3::bytea[]) AS m(message_id, digest)
-        ORDER BY message_id
-        ON CONFLICT (consumer, message_id) DO NOTHING
-        RETURNING message_id
+        WITH inserted AS (
+            INSERT INTO inbox (consumer, message_id, digest)
+            SELECT $1, message_id, digest
+            FROM unnest($2::text[], $3::bytea[]) AS m(message_id, digest)
+            ORDER BY message_id
+            ON CONFLICT (consumer, message_id) DO NOTHING
+            RETURNING message_id
+        ),
+        counted AS (
+            INSERT INTO inbox_counts (consumer, slot, processed)
+            SELECT $1, $4, count(*) FROM inserted HAVING count(*) > 0
+            ON CONFLICT (consumer, slot)
+            DO UPDATE SET processed = inbox_counts.processed + EXCLUDED.processed
+        )
+        SELECT message_id AS "message_id!" FROM inserted
         "#,
         consumer,
         ids as &[&str],
         digests as &[&[u8]],
+        slot,
     )
     .fetch_all(&mut *conn)
     .await?;
@@ -65,15 +77,25 @@ pub(crate) async fn record(
     // A row from before digests were kept matches any copy.
     let copies = sqlx::query_scalar!(
         r#"
-        UPDATE inbox SET duplicates = inbox.duplicates + 1
-        FROM unnest($2::text[], $3::bytea[]) AS m(message_id, digest)
-        WHERE inbox.consumer = $1 AND inbox.message_id = m.message_id
-          AND (inbox.digest IS NULL OR inbox.digest = m.digest)
-        RETURNING inbox.message_id
+        WITH copies AS (
+            UPDATE inbox SET duplicates = inbox.duplicates + 1
+            FROM unnest($2::text[], $3::bytea[]) AS m(message_id, digest)
+            WHERE inbox.consumer = $1 AND inbox.message_id = m.message_id
+              AND (inbox.digest IS NULL OR inbox.digest = m.digest)
+            RETURNING inbox.message_id
+        ),
+        counted AS (
+            INSERT INTO inbox_counts (consumer, slot, duplicates)
+            SELECT $1, $4, count(*) FROM copies HAVING count(*) > 0
+            ON CONFLICT (consumer, slot)
+            DO UPDATE SET duplicates = inbox_counts.duplicates + EXCLUDED.duplicates
+        )
+        SELECT message_id AS "message_id!" FROM copies
         "#,
         consumer,
         &seen as &[&str],
         &seen_digests as &[&[u8]],
+        slot,
     )
     .fetch_all(conn)
     .await?;
@@ -202,45 +224,61 @@ pub(crate) async fn close_dead(
     Ok(result.rows_affected())
 }
 
-/// Counts processed messages, duplicates and open dead letters.
-pub(crate) async fn stats(pool: &PgPool, consumer: &str) -> sqlx::Result<InboxStats> {
+/// Reads the consumer's counts and counts its open dead letters up to `limit`.
+pub(crate) async fn stats(pool: &PgPool, consumer: &str, limit: i64) -> sqlx::Result<InboxStats> {
     sqlx::query_as!(
         InboxStats,
         r#"
         SELECT
-            (SELECT count(*) FROM inbox WHERE consumer = $1) AS "processed!",
-            (SELECT COALESCE(sum(duplicates), 0)::bigint FROM inbox WHERE consumer = $1)
+            COALESCE((SELECT sum(processed) FROM inbox_counts WHERE consumer = $1), 0)::bigint
+                AS "processed!",
+            COALESCE((SELECT sum(duplicates) FROM inbox_counts WHERE consumer = $1), 0)::bigint
                 AS "duplicate!",
-            (SELECT count(*) FROM inbox_dead WHERE consumer = $1 AND closed_at IS NULL)
-                AS "dead!"
+            (SELECT count(*) FROM (
+                SELECT FROM inbox_dead WHERE consumer = $1 AND closed_at IS NULL LIMIT $2
+            ) d) AS "dead!",
+            true AS "exact!"
         "#,
         consumer,
+        limit,
     )
     .fetch_one(pool)
     .await
 }
 
-/// Deletes up to `batch` records of `consumer` older than `retention`.
+/// Deletes up to `batch` records of `consumer` older than `retention`, and takes them off the
+/// consumer's counts.
 pub(crate) async fn delete_older(
     pool: &PgPool,
     consumer: &str,
     retention: Duration,
     batch: i64,
 ) -> sqlx::Result<u64> {
-    let result = sqlx::query!(
+    let deleted = sqlx::query_scalar!(
         r#"
-        DELETE FROM inbox
-        WHERE (consumer, message_id) IN (
-            SELECT consumer, message_id FROM inbox
-            WHERE consumer = $1 AND received_at < now() - make_interval(secs => $2)
-            LIMIT $3
+        WITH gone AS (
+            DELETE FROM inbox
+            WHERE (consumer, message_id) IN (
+                SELECT consumer, message_id FROM inbox
+                WHERE consumer = $1 AND received_at < now() - make_interval(secs => $2)
+                LIMIT $3
+            )
+            RETURNING duplicates
+        ),
+        counted AS (
+            INSERT INTO inbox_counts (consumer, slot, processed, duplicates)
+            SELECT $1, 0, -count(*), -COALESCE(sum(duplicates), 0) FROM gone HAVING count(*) > 0
+            ON CONFLICT (consumer, slot) DO UPDATE
+            SET processed = inbox_counts.processed + EXCLUDED.processed,
+                duplicates = inbox_counts.duplicates + EXCLUDED.duplicates
         )
+        SELECT count(*) AS "deleted!" FROM gone
         "#,
         consumer,
         retention.as_secs_f64(),
         batch,
     )
-    .execute(pool)
+    .fetch_one(pool)
     .await?;
-    Ok(result.rows_affected())
+    Ok(deleted.unsigned_abs())
 }

@@ -31,24 +31,36 @@ pub async fn enqueue(tx: &mut Transaction<'_, Postgres>, event: &NewEvent) -> Re
     Ok(id)
 }
 
-/// A snapshot of the outbox for dashboards and alerts.
+/// The most rows one count of [`stats`] reads: a count that reaches it means "at least this
+/// many". It keeps the stats as cheap with millions of pending events as with ten, which is
+/// when operators watch them.
+pub const COUNT_LIMIT: i64 = 10_000;
+
+/// A snapshot of the outbox for dashboards and alerts, read in constant time: each count is
+/// exact below [`COUNT_LIMIT`] and stops there.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct OutboxStats {
-    /// Events not yet published (including those waiting behind a dead event).
+    /// Events not yet published (including those waiting behind a dead event), up to 10,000.
     pub pending: i64,
-    /// Events that exhausted their attempts and wait for an operator.
+    /// Events that exhausted their attempts and wait for an operator, up to 10,000.
     pub dead: i64,
-    /// Aggregates whose later events are held back by a dead event.
+    /// Aggregates whose later events are held back by a dead event, up to 10,000.
     pub parked: i64,
-    /// Age of the oldest pending event, 0 when nothing is pending.
+    /// Age of the oldest pending event (always exact), 0 when nothing is pending.
     pub oldest_pending_seconds: f64,
+    /// False when a count reached 10,000 and so means "at least 10,000".
+    pub exact: bool,
 }
 
 /// Reads the current [`OutboxStats`].
 pub async fn stats(pool: &PgPool) -> Result<OutboxStats, Error> {
-    Ok(storage::stats(pool).await?)
+    let mut stats = storage::stats(pool, COUNT_LIMIT).await?;
+    stats.exact = [stats.pending, stats.dead, stats.parked]
+        .iter()
+        .all(|count| *count < COUNT_LIMIT);
+    Ok(stats)
 }
 
 /// An event that exhausted its attempts.

@@ -32,8 +32,13 @@ async function problemDetail(response) {
   }
 }
 
-function formatStat(key, value) {
+// Counts stop at a limit (the stats stay cheap with millions of rows): one that reached it
+// reads "at least".
+const COUNT_LIMIT = 10000;
+
+function formatStat(key, value, stats) {
   if (typeof value === "number" && key.endsWith("Seconds")) return `${value.toFixed(1)} s`;
+  if (stats.exact === false && value >= COUNT_LIMIT) return `≥ ${value}`;
   return String(value);
 }
 
@@ -48,7 +53,7 @@ async function refreshStats() {
         title: key,
       }, [
         el("div", { className: "muted", textContent: label }),
-        el("div", { className: "value", id: `stat-${key}`, textContent: formatStat(key, stats[key]) }),
+        el("div", { className: "value", id: `stat-${key}`, textContent: formatStat(key, stats[key], stats) }),
       ]));
     document.getElementById("stats").replaceChildren(...tiles);
     document.getElementById("updated").textContent =
