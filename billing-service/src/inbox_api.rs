@@ -283,16 +283,7 @@ async fn skip_matching(
 ) -> Result<Json<BulkOutcome>, ApiError> {
     let filter = filter(params.event_type, params.error_contains)?;
     let count = state.rules.inbox().skip_dead_letters(&filter).await?;
-    tracing::warn!(
-        ?filter,
-        count,
-        action = "skip",
-        "admin bulk action on dead letters"
-    );
-    Ok(Json(BulkOutcome {
-        count,
-        ..BulkOutcome::default()
-    }))
+    Ok(Json(BulkOutcome::took("skip", &filter, count)))
 }
 
 /// Applies dead letter `letter` again through the rules, and closes it when that worked.

@@ -245,16 +245,7 @@ async fn retry_matching(
 ) -> Result<Json<BulkOutcome>, ApiError> {
     let filter = params.filter()?;
     let count = outbox::retry_dead_matching(&state.pool, &filter).await?;
-    tracing::warn!(
-        ?filter,
-        count,
-        action = "retry",
-        "admin bulk action on dead events"
-    );
-    Ok(Json(BulkOutcome {
-        count,
-        ..BulkOutcome::default()
-    }))
+    Ok(Json(BulkOutcome::took("retry", &filter, count)))
 }
 
 /// Gives up on every dead event matching the filters (all of them without a filter): they stay
@@ -276,16 +267,7 @@ async fn skip_matching(
 ) -> Result<Json<BulkOutcome>, ApiError> {
     let filter = params.filter()?;
     let count = outbox::skip_dead_matching(&state.pool, &filter).await?;
-    tracing::warn!(
-        ?filter,
-        count,
-        action = "skip",
-        "admin bulk action on dead events"
-    );
-    Ok(Json(BulkOutcome {
-        count,
-        ..BulkOutcome::default()
-    }))
+    Ok(Json(BulkOutcome::took("skip", &filter, count)))
 }
 
 /// Publishes a dead event again; the events it held back follow (admin).

@@ -23,6 +23,18 @@ pub struct BulkOutcome {
     pub next_cursor: Option<String>,
 }
 
+impl BulkOutcome {
+    /// A bulk action that took `count` items matching `filter` in one go, logged as an admin
+    /// action.
+    pub fn took(action: &str, filter: &impl std::fmt::Debug, count: u64) -> Self {
+        tracing::warn!(?filter, count, action, "admin bulk action on dead letters");
+        Self {
+            count,
+            ..Self::default()
+        }
+    }
+}
+
 /// An id-like filter value (an aggregate or event type): 1-128 of `[A-Za-z0-9_:@-]`, as the
 /// values it is compared with, else a 422 naming `field`.
 pub fn token_filter(field: &str, value: Option<String>) -> Result<Option<String>, ApiError> {
