@@ -442,27 +442,39 @@ impl Rules {
                 Box::pin(invoices::apply(conn, change))
             })
             .await;
-        if outcome.is_ok() {
+        if matches!(outcome, Ok(Outcome::Processed(()))) {
             crate::failpoints::after_commit();
         }
         self.judge(&id, outcome)
     }
 
     /// Applies the messages of one lane (numbered as `spans`) in one inbox transaction, and
-    /// returns each one's verdict. A message whose effect fails is taken out and judged on its
-    /// own, and the others are applied together again: it never fails its batch-mates.
+    /// returns each one's verdict. A message whose effect fails is taken out: the ones before it
+    /// are applied together, then it is judged on its own, then the ones after it go on
+    /// together, so the lane's order holds and it never fails its batch-mates.
     async fn apply_all(
         &self,
-        mut batch: Vec<(usize, Applicable)>,
+        batch: Vec<(usize, Applicable)>,
         spans: &[tracing::Span],
     ) -> Vec<(usize, Verdict)> {
         let mut verdicts = Vec::with_capacity(batch.len());
-        while batch.len() > 1 {
-            let keys: Vec<(&str, Digest)> = batch
+        let mut groups = std::collections::VecDeque::from([batch]);
+        while let Some(mut group) = groups.pop_front() {
+            if group.len() < 2 {
+                for (i, applicable) in group {
+                    let verdict = self
+                        .apply_one(applicable)
+                        .instrument(spans[i].clone())
+                        .await;
+                    verdicts.push((i, verdict));
+                }
+                continue;
+            }
+            let keys: Vec<(&str, Digest)> = group
                 .iter()
                 .map(|(_, a)| (a.id.as_str(), a.digest))
                 .collect();
-            let changes: Vec<Change> = batch.iter().map(|(_, a)| a.change.clone()).collect();
+            let changes: Vec<Change> = group.iter().map(|(_, a)| a.change.clone()).collect();
             let outcome = self
                 .inbox
                 .process_batch(&keys, |conn, i| {
@@ -471,29 +483,28 @@ impl Rules {
                 .await;
             match outcome {
                 Ok(outcomes) => {
-                    crate::failpoints::after_commit();
-                    for ((i, applicable), outcome) in batch.drain(..).zip(outcomes) {
+                    if outcomes.iter().any(|o| matches!(o, Outcome::Processed(()))) {
+                        crate::failpoints::after_commit();
+                    }
+                    for ((i, applicable), outcome) in group.into_iter().zip(outcomes) {
                         let verdict = spans[i].in_scope(|| self.judge(&applicable.id, Ok(outcome)));
                         verdicts.push((i, verdict));
                     }
                 }
                 Err(BatchError::Effect { index, .. }) => {
-                    let (i, failed) = batch.remove(index);
-                    verdicts.push((i, self.apply_one(failed).instrument(spans[i].clone()).await));
+                    let after = group.split_off(index + 1);
+                    let failed = group.pop().into_iter().collect();
+                    for part in [after, failed, group] {
+                        groups.push_front(part);
+                    }
                 }
                 Err(error) => {
                     tracing::warn!(error = ?error, "batch failed; applying its messages one by one");
-                    break;
+                    for single in group.into_iter().rev() {
+                        groups.push_front(vec![single]);
+                    }
                 }
             }
-        }
-        for (i, applicable) in batch {
-            verdicts.push((
-                i,
-                self.apply_one(applicable)
-                    .instrument(spans[i].clone())
-                    .await,
-            ));
         }
         verdicts
     }

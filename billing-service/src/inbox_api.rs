@@ -152,8 +152,8 @@ struct DeadListParams {
     /// Only letters whose `ce-type` header is this.
     #[param(pattern = r"^[A-Za-z0-9_:@-]{1,128}$")]
     event_type: Option<String>,
-    /// Only letters whose error contains this text (1-500 characters).
-    #[param(min_length = 1, max_length = 500)]
+    /// Only letters whose error contains this text (1-500 characters, no NUL).
+    #[param(min_length = 1, max_length = 500, pattern = r"^[^\x00]+$")]
     error_contains: Option<String>,
 }
 
@@ -165,8 +165,8 @@ struct DeadFilterParams {
     /// Only letters whose `ce-type` header is this.
     #[param(pattern = r"^[A-Za-z0-9_:@-]{1,128}$")]
     event_type: Option<String>,
-    /// Only letters whose error contains this text (1-500 characters).
-    #[param(min_length = 1, max_length = 500)]
+    /// Only letters whose error contains this text (1-500 characters, no NUL).
+    #[param(min_length = 1, max_length = 500, pattern = r"^[^\x00]+$")]
     error_contains: Option<String>,
 }
 

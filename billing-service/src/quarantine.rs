@@ -29,7 +29,7 @@ use tokio_util::sync::CancellationToken;
 /// How often the sweep looks at the consumer's unacknowledged messages.
 const EVERY: Duration = Duration::from_secs(5);
 /// Most unacknowledged messages one sweep reads.
-const SCAN: u64 = 1000;
+const SCAN: usize = 1000;
 /// Wait after a nudge, for the client to connect again.
 const NUDGE_DELAY: Duration = Duration::from_millis(200);
 
@@ -40,9 +40,9 @@ pub struct Sweep {
     stream: String,
     consumer: String,
     inbox: Inbox,
-    /// Stream sequences above the ack floor that need no look: received by this process,
-    /// read through the API and found readable, or dead-lettered.
-    settled: Arc<Mutex<BTreeSet<u64>>>,
+    /// What the sweep knows: the sequences received by this process, and how far it has
+    /// looked.
+    seen: Arc<Mutex<Seen>>,
     /// Wakes the sweep before its time.
     nudged: Arc<Notify>,
 }
@@ -71,14 +71,17 @@ impl Sweep {
             stream: stream.to_owned(),
             consumer: consumer.to_owned(),
             inbox,
-            settled: Arc::default(),
+            seen: Arc::default(),
             nudged: Arc::default(),
         }
     }
 
     /// Notes that the consumer received the message at `stream_sequence`: it was readable.
     pub fn received(&self, stream_sequence: u64) {
-        self.settled().insert(stream_sequence);
+        let mut seen = self.seen();
+        if stream_sequence > seen.swept {
+            seen.received.insert(stream_sequence);
+        }
     }
 
     /// Sweeps soon: the consumer lost its pull, as it does when a message it cannot read cuts
@@ -87,8 +90,8 @@ impl Sweep {
         self.nudged.notify_one();
     }
 
-    fn settled(&self) -> std::sync::MutexGuard<'_, BTreeSet<u64>> {
-        self.settled.lock().unwrap_or_else(PoisonError::into_inner)
+    fn seen(&self) -> std::sync::MutexGuard<'_, Seen> {
+        self.seen.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Sweeps every few seconds, and when nudged, until `shutdown` is cancelled.
@@ -109,6 +112,12 @@ impl Sweep {
     }
 
     /// One sweep; returns how many messages it dead-lettered.
+    ///
+    /// It looks at the delivered sequences above both the ack floor and where the last sweep
+    /// stopped, that this process did not receive, reading at most [`SCAN`] of them: so each
+    /// delivered message is looked at once, however long the floor stays where it is (an
+    /// `OrderPaid` waiting for its `OrderPlaced` holds it), and the sweep never falls behind
+    /// by more than it reads.
     pub async fn once(&self) -> anyhow::Result<usize> {
         let info = self
             .jetstream
@@ -117,28 +126,35 @@ impl Sweep {
             .consumer_info(&self.consumer)
             .await?;
         let floor = info.ack_floor.stream_sequence;
-        let last = info.delivered.stream_sequence.min(floor + SCAN);
-        let unsettled: Vec<u64> = {
-            let mut settled = self.settled();
-            *settled = settled.split_off(&(floor + 1));
-            if info.num_ack_pending == 0 {
-                settled.clear();
-                return Ok(0);
+        let delivered = info.delivered.stream_sequence;
+        let (to_read, reached) = {
+            let mut seen = self.seen();
+            seen.swept = seen.swept.max(floor);
+            let from = seen.swept;
+            seen.received = seen.received.split_off(&(from + 1));
+            let (mut to_read, mut reached) = (Vec::new(), from);
+            for seq in from + 1..=delivered {
+                if !seen.received.contains(&seq) {
+                    if to_read.len() == SCAN {
+                        break;
+                    }
+                    to_read.push(seq);
+                }
+                reached = seq;
             }
-            (floor + 1..=last)
-                .filter(|seq| !settled.contains(seq))
-                .collect()
+            (to_read, reached)
         };
         let mut dead = 0;
-        for seq in unsettled {
+        for seq in to_read {
             if let Some(stored) = self.read(seq).await?
                 && let Some(reason) = unreadable(&stored)
+                && self.dead_letter(seq, &stored, &reason).await?
             {
-                self.dead_letter(seq, &stored, &reason).await?;
                 dead += 1;
             }
-            self.settled().insert(seq);
         }
+        // Only once every read went through: an error leaves them for the next sweep.
+        self.seen().swept = reached;
         Ok(dead)
     }
 
@@ -151,8 +167,13 @@ impl Sweep {
                 &serde_json::json!({ "seq": seq }),
             )
             .await?;
-        if answer.get("error").is_some() {
-            // Deleted or aged out since it was delivered: nothing left to settle.
+        if let Some(error) = answer.get("error") {
+            // Deleted or aged out since it was delivered: nothing left to settle. Any other
+            // answer (JetStream unavailable for a moment) is for the next sweep to try again.
+            anyhow::ensure!(
+                error.get("code").and_then(serde_json::Value::as_u64) == Some(404),
+                "cannot read stream sequence {seq}: {error}"
+            );
             return Ok(None);
         }
         let Stored { message } = serde_json::from_value(answer)?;
@@ -165,20 +186,24 @@ impl Sweep {
         Ok(Some((message, headers, body)))
     }
 
-    /// Keeps the message as a dead letter, then terminates its delivery.
+    /// Keeps the message as a dead letter, then terminates its delivery; false when a letter of
+    /// it was kept before (by another instance, or before a restart): then it was terminated too.
     async fn dead_letter(
         &self,
         seq: u64,
         (message, headers, body): &(StoredMessage, Vec<u8>, Vec<u8>),
         reason: &str,
-    ) -> anyhow::Result<()> {
+    ) -> anyhow::Result<bool> {
         let error = format!(
-            "the NATS client cannot read this message ({reason}); kept from stream sequence {seq}"
+            "the NATS client cannot read this message ({reason}); kept from stream sequence \
+             {seq} (bytes of the subject that are not UTF-8 are shown as U+FFFD)"
         );
-        let id = self
+        // Its id says where it came from, so that it is kept once.
+        let id = format!("nats-sequence:{}:{seq}", self.stream);
+        let kept = self
             .inbox
-            .dead_letter(NewDeadLetter {
-                message_id: None,
+            .dead_letter_once(NewDeadLetter {
+                message_id: Some(&id),
                 subject: &message.subject,
                 headers: serde_json::json!({ "NATS-Raw-Headers": [{ "hex": hex(headers) }] }),
                 payload: body,
@@ -187,25 +212,44 @@ impl Sweep {
                 deliveries: 0,
             })
             .await?;
+        let Some(letter) = kept else {
+            return Ok(false);
+        };
         tracing::error!(
-            dead_letter.id = id,
+            dead_letter.id = letter,
             stream.sequence = seq,
             reason,
             "message dead-lettered"
         );
-        let ack = format!("$JS.ACK.{}.{}.1.{seq}.1.0.0", self.stream, self.consumer);
+        // The server takes the delivery's own numbers from its pending record, found by stream
+        // sequence; the delivery number 0 given here can never move the ack floor by itself.
+        let ack = format!("$JS.ACK.{}.{}.1.{seq}.0.0.0", self.stream, self.consumer);
         let client = self.jetstream.client();
         client.publish(ack, "+TERM".into()).await?;
         client.flush().await?;
-        Ok(())
+        Ok(true)
     }
+}
+
+/// The sequences the sweep need not read.
+#[derive(Debug, Default)]
+struct Seen {
+    /// Everything up to here was received, read, or acknowledged.
+    swept: u64,
+    /// Sequences above `swept` this process received.
+    received: BTreeSet<u64>,
 }
 
 /// Why async-nats cannot read a stored message, if it cannot: the checks its parser makes before
 /// a message reaches the application.
 fn unreadable((message, headers, _): &(StoredMessage, Vec<u8>, Vec<u8>)) -> Option<String> {
+    // Bytes that are not UTF-8 arrive as U+FFFD (a subject really holding one is taken for them);
+    // the client splits its protocol line at any white space, the server only at spaces and tabs.
     if message.subject.contains('\u{FFFD}') {
         return Some("its subject is not UTF-8".into());
+    }
+    if message.subject.contains(char::is_whitespace) {
+        return Some("its subject holds white space".into());
     }
     if headers.is_empty() {
         return None;
@@ -224,8 +268,10 @@ fn unreadable((message, headers, _): &(StoredMessage, Vec<u8>, Vec<u8>)) -> Opti
         });
     match status {
         None => return Some("its header block does not start with NATS/1.0".into()),
-        Some(code) if !code.is_empty() && async_nats::StatusCode::from_str(code).is_err() => {
-            return Some("its header status is not a number".into());
+        // A status line makes a message a control message to the client (408, 409, 100 are
+        // swallowed, 404 and others become errors): no stored message may carry one.
+        Some(code) if !code.is_empty() => {
+            return Some("its header block carries a status".into());
         }
         Some(_) => {}
     }
@@ -279,7 +325,7 @@ mod tests {
                 b"NATS/1.0\r\nce-id: a\r\nce-type: OrderPlaced\r\n\r\n",
             ),
             stored("orders.x", b"NATS/1.0\r\nx-long: a\r\n  b\r\n\r\n"),
-            stored("orders.x\0y", b"NATS/1.0 404 No Messages\r\n\r\n"),
+            stored("orders.x\0y", b"NATS/1.0\r\n\r\n"),
         ];
         for message in &readable {
             assert_eq!(unreadable(message), None, "{:?}", message.0.subject);
@@ -292,6 +338,8 @@ mod tests {
             ),
             (stored("orders.x", b"HTTP/1.1\r\n\r\n"), "NATS/1.0"),
             (stored("orders.x", b"NATS/1.0 abc\r\n\r\n"), "status"),
+            (stored("orders.x", b"NATS/1.0 408 x\r\n\r\n"), "status"),
+            (stored("orders.a\u{0b}b", b""), "white space"),
             (
                 stored("orders.x", b"NATS/1.0\r\nno colon here\r\n\r\n"),
                 "colon",

@@ -159,8 +159,8 @@ struct DeadFilterParams {
     /// Only events of this event type.
     #[param(pattern = r"^[A-Za-z0-9_:@-]{1,128}$")]
     event_type: Option<String>,
-    /// Only events whose last error contains this text (1-500 characters).
-    #[param(min_length = 1, max_length = 500)]
+    /// Only events whose last error contains this text (1-500 characters, no NUL).
+    #[param(min_length = 1, max_length = 500, pattern = r"^[^\x00]+$")]
     error_contains: Option<String>,
 }
 
@@ -192,8 +192,8 @@ struct DeadListParams {
     /// Only events of this event type.
     #[param(pattern = r"^[A-Za-z0-9_:@-]{1,128}$")]
     event_type: Option<String>,
-    /// Only events whose last error contains this text (1-500 characters).
-    #[param(min_length = 1, max_length = 500)]
+    /// Only events whose last error contains this text (1-500 characters, no NUL).
+    #[param(min_length = 1, max_length = 500, pattern = r"^[^\x00]+$")]
     error_contains: Option<String>,
 }
 

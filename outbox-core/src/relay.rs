@@ -191,15 +191,7 @@ impl<P: Publisher> Relay<P> {
                     unrecorded.push(pass);
                     held_back = held;
                 }
-                Ok(Next::Nothing { held_back: held }) => {
-                    held_back = held;
-                    // With nothing to publish, only asking tells whether the broker is back.
-                    if self.outage.load(Ordering::Relaxed) > 0
-                        && self.publisher.reachable().await == Some(true)
-                    {
-                        self.note_reachability(true, false);
-                    }
-                }
+                Ok(Next::Nothing { held_back: held }) => held_back = held,
                 Err(error) => {
                     tracing::error!(error = ?error, "relay pass failed");
                     failed = true;
@@ -207,6 +199,13 @@ impl<P: Publisher> Relay<P> {
             }
             if claimed.is_some() || !unrecorded.is_empty() {
                 continue;
+            }
+            // Nothing to publish and no pass holding rows: during an outage, only asking
+            // tells whether the broker is back.
+            if self.outage.load(Ordering::Relaxed) > 0
+                && self.publisher.reachable().await == Some(true)
+            {
+                self.note_reachability(true, false);
             }
             let wait = if failed {
                 self.config.poll_interval.max(Duration::from_secs(1))
@@ -340,7 +339,9 @@ impl<P: Publisher> Relay<P> {
             // The connection is gone: nothing is published, and the record says why.
             return pass;
         };
-        let until = tokio::time::Instant::now() + self.config.lease / 2;
+        // Counted from the transaction's last statement, not from now: the idle time the
+        // server measures began then.
+        let until = since + self.config.lease / 2;
         let (waves, aggregates) = into_waves(rows);
         let mut failed_aggregates = vec![false; aggregates];
         let (mut reached, mut unreached) = (false, false);

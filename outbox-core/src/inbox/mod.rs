@@ -235,7 +235,7 @@ impl Inbox {
     /// processed before and runs `effect(conn, i)` for each such `batch[i]`, in batch order,
     /// then commits once. One commit instead of one per message is what makes it worth it: a
     /// commit waits for its write-ahead log to reach the disk. A message whose id appears
-    /// earlier in the batch is judged after that commit, on its own, as a later delivery is.
+    /// earlier in the batch is judged against that one, as a later delivery would be.
     ///
     /// If an effect fails, nothing of the batch is recorded, and the error says which message
     /// failed: process the others again without it.
@@ -247,48 +247,33 @@ impl Inbox {
     where
         F: for<'c> FnMut(&'c mut PgConnection, usize) -> BoxFuture<'c, Result<T, E>>,
     {
+        // Each id's first message is recorded with the others'; a repeat afterwards, in the same
+        // transaction, where it finds the first's record.
         let (firsts, repeats): (Vec<usize>, Vec<usize>) =
             (0..batch.len()).partition(|&i| !batch[..i].iter().any(|(id, _)| *id == batch[i].0));
+        let slot = self.next_slot.fetch_add(1, Ordering::Relaxed) % COUNT_SLOTS;
+        let mut tx = self.pool.begin().await?;
         let mut outcomes: Vec<Option<Outcome<T>>> = (0..batch.len()).map(|_| None).collect();
         for group in std::iter::once(firsts).chain(repeats.into_iter().map(|i| vec![i])) {
-            for (i, outcome) in self.record_and_apply(batch, &group, &mut effect).await? {
-                outcomes[i] = Some(outcome);
+            let ids: Vec<&str> = group.iter().map(|&i| batch[i].0).collect();
+            let digests: Vec<&[u8]> = group.iter().map(|&i| &batch[i].1.0[..]).collect();
+            let recorded =
+                storage::record(&mut tx, &self.consumer, &ids, &digests, slot.cast_signed())
+                    .await?;
+            for (&i, recorded) in group.iter().zip(recorded) {
+                outcomes[i] = Some(match recorded {
+                    storage::Recorded::New => match effect(&mut tx, i).await {
+                        Ok(value) => Outcome::Processed(value),
+                        Err(error) => return Err(BatchError::Effect { index: i, error }),
+                    },
+                    storage::Recorded::Copy => Outcome::Duplicate,
+                    storage::Recorded::OtherContent => Outcome::IdReused,
+                });
             }
         }
-        Ok(outcomes.into_iter().flatten().collect())
-    }
-
-    /// Records `batch[i]` for each `i` of `group` (distinct ids) and runs the effect of each new
-    /// one, in one transaction; returns each one's outcome.
-    async fn record_and_apply<T, E, F>(
-        &self,
-        batch: &[(&str, Digest)],
-        group: &[usize],
-        effect: &mut F,
-    ) -> Result<Vec<(usize, Outcome<T>)>, BatchError<E>>
-    where
-        F: for<'c> FnMut(&'c mut PgConnection, usize) -> BoxFuture<'c, Result<T, E>>,
-    {
-        let ids: Vec<&str> = group.iter().map(|&i| batch[i].0).collect();
-        let digests: Vec<&[u8]> = group.iter().map(|&i| &batch[i].1.0[..]).collect();
-        let mut tx = self.pool.begin().await?;
-        let slot = self.next_slot.fetch_add(1, Ordering::Relaxed) % COUNT_SLOTS;
-        let recorded =
-            storage::record(&mut tx, &self.consumer, &ids, &digests, slot.cast_signed()).await?;
-        let mut outcomes = Vec::with_capacity(group.len());
-        for (&i, recorded) in group.iter().zip(recorded) {
-            let outcome = match recorded {
-                storage::Recorded::New => match effect(&mut tx, i).await {
-                    Ok(value) => Outcome::Processed(value),
-                    Err(error) => return Err(BatchError::Effect { index: i, error }),
-                },
-                storage::Recorded::Copy => Outcome::Duplicate,
-                storage::Recorded::OtherContent => Outcome::IdReused,
-            };
-            outcomes.push((i, outcome));
-        }
         tx.commit().await?;
-        for (_, outcome) in &outcomes {
+        let outcomes: Vec<Outcome<T>> = outcomes.into_iter().flatten().collect();
+        for outcome in &outcomes {
             let name = match outcome {
                 Outcome::Processed(_) => "inbox_processed_total",
                 Outcome::Duplicate => "inbox_duplicates_total",
@@ -301,8 +286,20 @@ impl Inbox {
 
     /// Keeps a message that cannot be parsed or applied, and returns the dead letter's id.
     pub async fn dead_letter(&self, letter: NewDeadLetter<'_>) -> Result<i64, Error> {
-        let id = storage::insert_dead(&self.pool, &self.consumer, &letter).await?;
+        let id = storage::insert_dead(&self.pool, &self.consumer, &letter, false)
+            .await?
+            .ok_or(sqlx::Error::RowNotFound)?;
         metrics::counter!("inbox_dead_letters_total").increment(1);
+        Ok(id)
+    }
+
+    /// [`Inbox::dead_letter`], unless this consumer kept a letter with the same message id
+    /// before (open or closed): then `None`. Two calls at the same moment may both keep one.
+    pub async fn dead_letter_once(&self, letter: NewDeadLetter<'_>) -> Result<Option<i64>, Error> {
+        let id = storage::insert_dead(&self.pool, &self.consumer, &letter, true).await?;
+        if id.is_some() {
+            metrics::counter!("inbox_dead_letters_total").increment(1);
+        }
         Ok(id)
     }
 

@@ -107,13 +107,15 @@ pub(crate) async fn record(
     Ok(recorded)
 }
 
-/// Inserts a dead letter and returns its id. Text PostgreSQL cannot store (a NUL byte) is
+/// Inserts a dead letter and returns its id; with `once`, nothing (and `None`) when the
+/// consumer has a letter with the same message id. Text PostgreSQL cannot store (a NUL byte) is
 /// shown as `\u{2400}`; a subject holding one is also kept byte for byte in `subject_bytes`.
 pub(crate) async fn insert_dead(
     pool: &PgPool,
     consumer: &str,
     letter: &NewDeadLetter<'_>,
-) -> sqlx::Result<i64> {
+    once: bool,
+) -> sqlx::Result<Option<i64>> {
     let subject = storable(letter.subject);
     let subject_bytes = matches!(subject, Cow::Owned(_)).then_some(letter.subject.as_bytes());
     let message_id = letter.message_id.map(storable);
@@ -122,7 +124,10 @@ pub(crate) async fn insert_dead(
         r#"
         INSERT INTO inbox_dead
             (consumer, message_id, subject, subject_bytes, headers, payload, error, deliveries)
-        VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+        SELECT $1, $2, $3, $4, $5, $6, $7, $8
+        WHERE NOT $9 OR NOT EXISTS (
+            SELECT FROM inbox_dead WHERE consumer = $1 AND message_id = $2
+        )
         RETURNING id
         "#,
         consumer,
@@ -133,8 +138,9 @@ pub(crate) async fn insert_dead(
         letter.payload,
         &*error,
         letter.deliveries,
+        once,
     )
-    .fetch_one(pool)
+    .fetch_optional(pool)
     .await
 }
 

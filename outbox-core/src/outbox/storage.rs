@@ -269,8 +269,11 @@ pub(crate) async fn resolve_dead(
     .execute(pool)
     .await?
     .rows_affected();
-    if resolved > 0 {
-        wake(pool).await?;
+    // The change is made: a relay that is not woken finds it at its next poll.
+    if resolved > 0
+        && let Err(error) = wake(pool).await
+    {
+        tracing::warn!(error = ?error, "cannot wake the relays; they find the events at their poll");
     }
     Ok(resolved)
 }
