@@ -6,12 +6,23 @@ use outbox_core::{JetStreamPublisher, Relay, RelayConfig};
 use service_kit::testing;
 use tokio_util::sync::CancellationToken;
 
+use super::growth::Filled;
+
 /// Fills a fresh outbox with `events` pending rows (five events per order), starts `relays`
 /// relays with the service's default settings, deleting rows as they publish them when
 /// `delete_published` (`OUTBOX_RETENTION_MS=0`), and returns events per second until none is
-/// pending. Fails unless the stream then holds exactly `events` messages.
-pub async fn drain(events: i64, relays: usize, delete_published: bool) -> anyhow::Result<f64> {
+/// pending. Fails unless the stream then holds exactly `events` messages. With `filled`, the
+/// outbox is a copy of its filled one, holding its published events besides.
+pub async fn drain(
+    events: i64,
+    relays: usize,
+    delete_published: bool,
+    filled: Option<&Filled>,
+) -> anyhow::Result<f64> {
     let database = testing::unique("bench_drain");
+    if let Some(filled) = filled {
+        filled.copy_orders(&database).await?;
+    }
     let stream = testing::unique("BENCH_DRAIN");
     let prefix = stream.to_lowercase();
     let pool =

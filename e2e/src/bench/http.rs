@@ -11,7 +11,9 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use service_kit::testing;
 use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
 
+use super::growth::Filled;
 use crate::Names;
 use crate::process::{Kind, Service};
 
@@ -130,9 +132,16 @@ fn order(id: Option<&str>) -> serde_json::Value {
 }
 
 /// `POST /orders` from `connections` clients for `length` against orders-service (its relay
-/// running, as deployed); returns accepted orders per second.
-pub async fn max_rate(connections: usize, length: Duration) -> anyhow::Result<f64> {
+/// running, as deployed), on a copy of `filled` if given; returns accepted orders per second.
+pub async fn max_rate(
+    connections: usize,
+    length: Duration,
+    filled: Option<&Filled>,
+) -> anyhow::Result<f64> {
     let names = Names::unique();
+    if let Some(filled) = filled {
+        filled.copy_into(&names).await?;
+    }
     let mut orders = Service::start(
         Kind::Orders,
         env(&names, &names.orders_db, &testing::nats_url()),
@@ -152,17 +161,36 @@ pub(super) async fn hammer(
     connections: usize,
     length: Duration,
 ) -> anyhow::Result<f64> {
+    let stop = CancellationToken::new();
+    let timer = tokio::spawn({
+        let stop = stop.clone();
+        async move {
+            tokio::time::sleep(length).await;
+            stop.cancel();
+        }
+    });
+    let rate = hammer_until(urls, connections, stop).await;
+    timer.abort();
+    rate
+}
+
+/// [`hammer`] until `stop` is cancelled.
+pub(super) async fn hammer_until(
+    urls: &[String],
+    connections: usize,
+    stop: CancellationToken,
+) -> anyhow::Result<f64> {
     let client = reqwest::Client::builder()
         .pool_max_idle_per_host(connections)
         .build()?;
     let start = Instant::now();
-    let deadline = start + length;
     let tasks: Vec<_> = (0..connections)
         .map(|i| {
             let (client, url) = (client.clone(), format!("{}/orders", urls[i % urls.len()]));
+            let stop = stop.clone();
             tokio::spawn(async move {
                 let (mut accepted, mut refused) = (0_u64, 0_u64);
-                while Instant::now() < deadline {
+                while !stop.is_cancelled() {
                     match client.post(&url).json(&order(None)).send().await {
                         // Read to its end: a response dropped unread closes its connection,
                         // and the next request would pay for a new one.
@@ -224,9 +252,18 @@ fn peak_rss_mib(pid: u32) -> f64 {
 
 /// Sends `rate` orders per second for `length` through both services and measures. With
 /// `instances` > 1, the orders go round-robin to that many orders-service instances of which
-/// only the first runs a relay: the others' commits reach it through the database.
-pub async fn steady(rate: u32, length: Duration, instances: usize) -> anyhow::Result<Steady> {
+/// only the first runs a relay: the others' commits reach it through the database. On copies
+/// of `filled` if given.
+pub async fn steady(
+    rate: u32,
+    length: Duration,
+    instances: usize,
+    filled: Option<&Filled>,
+) -> anyhow::Result<Steady> {
     let names = Names::unique();
+    if let Some(filled) = filled {
+        filled.copy_into(&names).await?;
+    }
     let logs = log_dir();
     // Billing first: it creates the stream and its durable consumer.
     let mut billing = Service::start(
@@ -282,7 +319,7 @@ pub async fn steady(rate: u32, length: Duration, instances: usize) -> anyhow::Re
     let orders_peak_rss_mib = services[0].pid().map_or(f64::NAN, peak_rss_mib);
     let billing_peak_rss_mib = billing.pid().map_or(f64::NAN, peak_rss_mib);
 
-    let mut result = measure(&orders_db, &billing_db).await?;
+    let mut result = measure(&orders_db, &billing_db, filled.map_or(0, |f| f.rows)).await?;
     result.sent = total;
     result.failed = failed;
     result.orders_peak_rss_mib = orders_peak_rss_mib;
@@ -308,18 +345,29 @@ async fn stamps(pool: &PgPool, sql: &'static str) -> anyhow::Result<HashMap<Stri
     Ok(rows.into_iter().collect())
 }
 
-/// Latency and rates from the timestamps both databases took before their commits.
-async fn measure(orders_db: &PgPool, billing_db: &PgPool) -> anyhow::Result<Steady> {
+/// Latency and rates from the timestamps both databases took before their commits, for the
+/// events after the first `filled` (those the phase made).
+async fn measure(orders_db: &PgPool, billing_db: &PgPool, filled: i64) -> anyhow::Result<Steady> {
     // The outbox row is the last statement of the order's transaction, the invoice row the
     // last of the message's: their clock_timestamp()s are taken just before each commit.
     let placed: Vec<(String, String, Stamp, Option<Stamp>)> = sqlx::query_as(
         "SELECT id::text, aggregate_id, created_at, published_at FROM outbox
-         WHERE event_type = 'OrderPlaced'",
+         WHERE seq > $1 AND event_type = 'OrderPlaced'",
     )
+    .bind(filled)
     .fetch_all(orders_db)
     .await?;
+    let first = placed.iter().map(|p| p.2).min().unwrap_or_else(Utc::now);
     let invoiced = stamps(billing_db, "SELECT order_id, created_at FROM invoices").await?;
-    let received = stamps(billing_db, "SELECT message_id, received_at FROM inbox").await?;
+    // The filled records were all received before the phase's first order.
+    let received: HashMap<String, Stamp> = sqlx::query_as::<_, (String, Stamp)>(
+        "SELECT message_id, received_at FROM inbox WHERE received_at >= $1",
+    )
+    .bind(first)
+    .fetch_all(billing_db)
+    .await?
+    .into_iter()
+    .collect();
 
     let ms = |from: Stamp, to: Stamp| (to - from).num_microseconds().map(|us| us as f64 / 1e3);
     let mut latencies: Vec<f64> = Vec::with_capacity(placed.len());
@@ -342,7 +390,6 @@ async fn measure(orders_db: &PgPool, billing_db: &PgPool) -> anyhow::Result<Stea
     };
     latencies.sort_by(f64::total_cmp);
 
-    let first = placed.iter().map(|p| p.2).min().unwrap_or_else(Utc::now);
     let second_of = |at: Stamp| (at - first).num_milliseconds().max(0) as u64 / 1000;
     let mut timeline: Vec<Second> = Vec::new();
     let mut bump = |at: Stamp, field: fn(&mut Second) -> &mut u64| {

@@ -13,6 +13,9 @@
 //!   with one orders-service and with two (one of them without a relay);
 //! - [`views`]: the operator views (`/outbox/stats`, `/metrics`, `/ops`) with a few pending
 //!   events and with a backlog of a million;
+//! - [`growth`]: the drain, `POST /orders` and the steady phase again with the outbox and the
+//!   inbox holding many finished rows, the bytes per event on each side, and the cleanup's
+//!   rate against the insert rate;
 //! - [`report`]: the printed table, `results.json` and the SVG charts.
 //!
 //! Everything runs against the real PostgreSQL and nats-server (`DATABASE_URL`, `NATS_URL`),
@@ -21,6 +24,7 @@
 
 pub mod billing;
 pub mod drain;
+pub mod growth;
 pub mod http;
 pub mod refs;
 pub mod report;
@@ -43,6 +47,8 @@ pub struct Options {
     pub billing_messages: usize,
     /// Pending events of the operator views' backlog.
     pub views_backlog: i64,
+    /// Finished rows in the outbox and in the inbox of the growth phase.
+    pub growth_rows: i64,
     /// Clients of the maximum-rate phases (HTTP and direct sqlx).
     pub connections: usize,
     /// Length of each maximum-rate phase.
@@ -63,6 +69,7 @@ impl Options {
             drain_events: 200_000,
             billing_messages: 20_000,
             views_backlog: 1_000_000,
+            growth_rows: 20_000_000,
             connections: 16,
             max_rate_for: Duration::from_secs(10),
             steady_rate: 500,
@@ -78,6 +85,7 @@ impl Options {
             drain_events: 5_000,
             billing_messages: 1_000,
             views_backlog: 20_000,
+            growth_rows: 20_000,
             connections: 4,
             max_rate_for: Duration::from_secs(1),
             steady_rate: 100,
@@ -123,6 +131,8 @@ pub struct Results {
     pub scale: Vec<scale::Scale>,
     /// The operator views with 10 pending events, then with the backlog.
     pub views: Vec<views::Views>,
+    /// The phases again on filled tables, sizes and the cleanup.
+    pub growth: growth::Growth,
 }
 
 /// The sizes of a run, recorded with its results.
@@ -136,6 +146,8 @@ pub struct Settings {
     pub billing_messages: usize,
     /// See [`Options::views_backlog`].
     pub views_backlog: i64,
+    /// See [`Options::growth_rows`].
+    pub growth_rows: i64,
     /// See [`Options::connections`].
     pub connections: usize,
     /// See [`Options::max_rate_for`], in seconds.
@@ -200,7 +212,8 @@ pub async fn run(options: &Options) -> anyhow::Result<PathBuf> {
         "POST /orders at maximum rate: {} connections for {:?}",
         options.connections, options.max_rate_for
     ));
-    let http_orders_per_sec = http::max_rate(options.connections, options.max_rate_for).await?;
+    let http_orders_per_sec =
+        http::max_rate(options.connections, options.max_rate_for, None).await?;
     progress(&format!("  {http_orders_per_sec:.0} orders/s"));
 
     let mut steady = Vec::new();
@@ -216,25 +229,16 @@ pub async fn run(options: &Options) -> anyhow::Result<PathBuf> {
                 ""
             }
         ));
-        steady.push(http::steady(options.steady_rate, options.steady_for, instances).await?);
+        steady.push(http::steady(options.steady_rate, options.steady_for, instances, None).await?);
     }
     let steady_two = steady.pop().unwrap_or_default();
     let steady = steady.pop().unwrap_or_default();
 
     let scaled = scale_out(options).await?;
 
-    let mut views = Vec::new();
-    for pending in [10, options.views_backlog] {
-        progress(&format!(
-            "operator views with {pending} pending events (relay off)"
-        ));
-        let timed = views::views(pending).await?;
-        progress(&format!(
-            "  /outbox/stats {:.2} ms, /metrics {:.2} ms, /ops {:.2} ms (medians)",
-            timed.stats_ms, timed.metrics_ms, timed.ops_ms
-        ));
-        views.push(timed);
-    }
+    let views = operator_views(options.views_backlog).await?;
+
+    let growth = growth(options).await?;
 
     let results = Results {
         started_at: started_at.to_rfc3339(),
@@ -243,6 +247,7 @@ pub async fn run(options: &Options) -> anyhow::Result<PathBuf> {
             drain_events: options.drain_events,
             billing_messages: options.billing_messages,
             views_backlog: options.views_backlog,
+            growth_rows: options.growth_rows,
             connections: options.connections,
             max_rate_secs: options.max_rate_for.as_secs_f64(),
             steady_rate: options.steady_rate,
@@ -262,6 +267,7 @@ pub async fn run(options: &Options) -> anyhow::Result<PathBuf> {
         steady_two,
         scale: scaled,
         views,
+        growth,
     };
     let dir = options
         .out
@@ -284,7 +290,7 @@ async fn relay_drains(events: i64) -> anyhow::Result<Vec<f64>> {
                 "kept (default)"
             }
         ));
-        let rate = drain::drain(events, relays, delete_published).await?;
+        let rate = drain::drain(events, relays, delete_published, None).await?;
         progress(&format!("  {rate:.0} events/s"));
         drains.push(rate);
     }
@@ -339,4 +345,92 @@ async fn scale_out(options: &Options) -> anyhow::Result<Vec<scale::Scale>> {
     }
 
     Ok(scaled)
+}
+
+/// The growth phase: the tables filled once, then each measurement on empty tables and on
+/// copies of the filled ones, one after the other.
+async fn growth(options: &Options) -> anyhow::Result<growth::Growth> {
+    progress(&format!(
+        "growth: an outbox with {0} published events and an inbox with {0} records",
+        options.growth_rows
+    ));
+    let (filled, mut figures) = growth::fill(options.growth_rows).await?;
+    progress(&format!(
+        "  filled in {:.0} s: {:.0} bytes per outbox event, {:.0} per inbox record",
+        figures.fill_secs, figures.outbox_bytes_per_event, figures.inbox_bytes_per_record
+    ));
+    for (tables, seed) in [("empty", None), ("filled", Some(&filled))] {
+        progress(&format!(
+            "  relay drain, 1 relay, rows kept, {tables} tables"
+        ));
+        let rate = drain::drain(options.drain_events, 1, false, seed).await?;
+        progress(&format!("    {rate:.0} events/s"));
+        figures.phases(seed.is_some()).drain_1_relay_per_sec = rate;
+    }
+    for (tables, seed) in [("empty", None), ("filled", Some(&filled))] {
+        progress(&format!("  POST /orders at maximum rate, {tables} tables"));
+        let rate = http::max_rate(options.connections, options.max_rate_for, seed).await?;
+        progress(&format!("    {rate:.0} orders/s"));
+        figures.phases(seed.is_some()).http_orders_per_sec = rate;
+    }
+    for (tables, seed) in [("empty", None), ("filled", Some(&filled))] {
+        progress(&format!("  steady load, 1 orders-service, {tables} tables"));
+        let steady = http::steady(options.steady_rate, options.steady_for, 1, seed).await?;
+        progress(&format!(
+            "    p50 {:.2} ms, p99 {:.2} ms",
+            steady.latency_ms.p50, steady.latency_ms.p99
+        ));
+        figures.phases(seed.is_some()).steady = steady;
+    }
+    progress("  the cleanups under POST /orders at maximum rate");
+    figures.cleanup = growth::cleanup(&filled, options.connections).await?;
+    let c = &figures.cleanup;
+    for (table, round) in [("outbox", &c.outbox), ("inbox", &c.inbox)] {
+        progress(&format!(
+            "    {table}: {} rows deleted in {:.1} s, VACUUM {:.1} s",
+            round.deleted, round.delete_secs, round.vacuum_secs
+        ));
+    }
+    progress(&format!(
+        "    meanwhile {:.0} orders/s inserted",
+        c.inserted_per_sec
+    ));
+    filled.drop().await;
+    Ok(figures)
+}
+
+/// Runs the growth phase alone, then writes `growth.json` and prints its lines; returns the
+/// results folder.
+pub async fn run_growth(options: &Options) -> anyhow::Result<PathBuf> {
+    let started_at = chrono::Utc::now();
+    crate::process::binary("orders-service");
+    let figures = growth(options).await?;
+    let dir = options
+        .out
+        .join(started_at.format("growth-%Y%m%dT%H%M%SZ").to_string());
+    std::fs::create_dir_all(&dir)?;
+    std::fs::write(
+        dir.join("growth.json"),
+        serde_json::to_vec_pretty(&figures)?,
+    )?;
+    report::print_growth(&figures);
+    progress(&format!("results in {}", dir.display()));
+    Ok(dir)
+}
+
+/// The operator views with 10 pending events, then with `backlog`.
+async fn operator_views(backlog: i64) -> anyhow::Result<Vec<views::Views>> {
+    let mut views = Vec::new();
+    for pending in [10, backlog] {
+        progress(&format!(
+            "operator views with {pending} pending events (relay off)"
+        ));
+        let timed = views::views(pending).await?;
+        progress(&format!(
+            "  /outbox/stats {:.2} ms, /metrics {:.2} ms, /ops {:.2} ms (medians)",
+            timed.stats_ms, timed.metrics_ms, timed.ops_ms
+        ));
+        views.push(timed);
+    }
+    Ok(views)
 }

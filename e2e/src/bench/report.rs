@@ -122,6 +122,7 @@ fn bars(r: &Results) -> Vec<Line> {
         lines.extend(steady_lines(steady, r.settings.steady_rate, instances));
     }
     lines.extend(r.views.iter().map(view_line));
+    lines.extend(growth_lines(&r.growth));
     let s = &r.steady;
     lines.push(Line {
         figure: "peak RSS orders / billing",
@@ -134,6 +135,78 @@ fn bars(r: &Results) -> Vec<Line> {
         met: s.orders_peak_rss_mib < 64.0 && s.billing_peak_rss_mib < 64.0,
     });
     lines
+}
+
+/// The growth phase: each phase on filled tables against the same on empty ones.
+fn growth_lines(g: &super::growth::Growth) -> Vec<Line> {
+    let rows = format!("{} rows", g.rows);
+    let of_empty = |figure, value: String, ratio: f64, empty: String| Line {
+        figure,
+        value,
+        reference: format!("{:.0}% of empty tables ({empty}); {rows}", ratio * 100.0),
+        bar: ">= 90%",
+        met: ratio >= 0.9,
+    };
+    let (e, f) = (&g.empty, &g.filled);
+    let (full, empty) = (&f.steady.latency_ms, &e.steady.latency_ms);
+    let c = &g.cleanup;
+    vec![
+        Line {
+            figure: "growth: bytes per event",
+            value: format!(
+                "{:.0} / {:.0} B",
+                g.outbox_bytes_per_event, g.inbox_bytes_per_record
+            ),
+            reference: format!("outbox / inbox, indexes included; {rows}"),
+            bar: "-",
+            met: true,
+        },
+        of_empty(
+            "growth: relay drain, 1 relay",
+            format!("{:.0} events/s", f.drain_1_relay_per_sec),
+            f.drain_1_relay_per_sec / e.drain_1_relay_per_sec,
+            format!("{:.0}/s", e.drain_1_relay_per_sec),
+        ),
+        of_empty(
+            "growth: POST /orders, max rate",
+            format!("{:.0} orders/s", f.http_orders_per_sec),
+            f.http_orders_per_sec / e.http_orders_per_sec,
+            format!("{:.0}/s", e.http_orders_per_sec),
+        ),
+        // Latency: the empty figure over the filled one, so that higher is better as above.
+        of_empty(
+            "growth: latency p50",
+            format!("{:.2} ms", full.p50),
+            empty.p50 / full.p50,
+            format!("{:.2} ms", empty.p50),
+        ),
+        of_empty(
+            "growth: latency p99",
+            format!("{:.2} ms", full.p99),
+            empty.p99 / full.p99,
+            format!("{:.2} ms", empty.p99),
+        ),
+        Line {
+            figure: "growth: ageing-out",
+            value: format!(
+                "{:.0} / {:.0} rows/s",
+                c.outbox.per_sec(),
+                c.inbox.per_sec()
+            ),
+            reference: format!(
+                "outbox / inbox, VACUUM included ({:.0}/{:.0} s of {:.0}/{:.0} s), while {:.0} \
+                 orders/s are inserted",
+                c.outbox.vacuum_secs,
+                c.inbox.vacuum_secs,
+                c.outbox.delete_secs + c.outbox.vacuum_secs,
+                c.inbox.delete_secs + c.inbox.vacuum_secs,
+                c.inserted_per_sec
+            ),
+            bar: ">= insert rate",
+            met: c.outbox.per_sec() >= c.inserted_per_sec
+                && c.inbox.per_sec() >= c.inserted_per_sec,
+        },
+    ]
 }
 
 /// The operator views' medians with one outbox size.
@@ -210,11 +283,16 @@ pub fn print(results: &Results) {
             "do not use"
         }
     );
+    print_lines(&lines(results));
+}
+
+/// Prints `lines` as a table.
+fn print_lines(lines: &[Line]) {
     println!(
         "\n{:<32} {:<24} {:<44} {:<24} bar met",
         "figure", "value", "reference", "bar"
     );
-    for line in lines(results) {
+    for line in lines {
         println!(
             "{:<32} {:<24} {:<44} {:<24} {}",
             line.figure,
@@ -224,6 +302,11 @@ pub fn print(results: &Results) {
             if line.met { "yes" } else { "NO" }
         );
     }
+}
+
+/// Prints the growth phase's lines.
+pub fn print_growth(growth: &super::growth::Growth) {
+    print_lines(&growth_lines(growth));
 }
 
 /// Writes `results.json`, `latency.svg` and `throughput.svg` into `dir`.

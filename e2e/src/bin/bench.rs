@@ -3,6 +3,8 @@
 //!   cargo run --release -p e2e --bin bench                 # the full run, ≈ 8 minutes
 //!   cargo run --release -p e2e --bin bench -- --smoke      # a few seconds, to check it works
 //!   cargo run --release -p e2e --bin bench -- --out DIR    # results folder (default results/)
+//!   cargo run --release -p e2e --bin bench -- --growth-rows N  # the growth phase's table size
+//!   cargo run --release -p e2e --bin bench -- --growth-only    # only the growth phase
 
 use std::path::PathBuf;
 
@@ -11,20 +13,35 @@ use e2e::bench::{self, Options};
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let mut args = std::env::args().skip(1);
-    let mut smoke = false;
+    let (mut smoke, mut growth_only, mut growth_rows) = (false, false, None);
     let mut out = PathBuf::from("results");
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--smoke" => smoke = true,
+            "--growth-only" => growth_only = true,
+            "--growth-rows" => {
+                let rows = args.next().unwrap_or_default();
+                growth_rows =
+                    Some(rows.parse().map_err(|_| {
+                        anyhow::anyhow!("--growth-rows wants a number, not {rows:?}")
+                    })?);
+            }
             "--out" => out = args.next().map(PathBuf::from).unwrap_or(out),
             other => anyhow::bail!("unknown argument {other}; see the README's Benchmark section"),
         }
     }
-    let options = if smoke {
+    let mut options = if smoke {
         Options::smoke(out)
     } else {
         Options::full(out)
     };
-    bench::run(&options).await?;
+    if let Some(rows) = growth_rows {
+        options.growth_rows = rows;
+    }
+    if growth_only {
+        bench::run_growth(&options).await?;
+    } else {
+        bench::run(&options).await?;
+    }
     Ok(())
 }

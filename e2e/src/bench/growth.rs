@@ -1,0 +1,295 @@
+//! What the tables' size costs. A user's database is not empty: the outbox holds a day of
+//! published events and the inbox a week of records. This phase fills an orders and a billing
+//! database once with many finished rows (inside the default retentions, so the cleanup keeps
+//! them), copies them for each measurement, and runs the relay drain, `POST /orders` and the
+//! steady phase on the copies; it also measures the bytes each event takes on each side, and
+//! the cleanup deleting aged rows while `POST /orders` runs at its maximum rate.
+
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use service_kit::testing;
+use sqlx::PgPool;
+
+use super::progress;
+use crate::Names;
+
+/// The filled databases, kept as templates that each measurement copies.
+#[derive(Debug)]
+pub struct Filled {
+    /// Finished rows in each table.
+    pub rows: i64,
+    orders_template: String,
+    billing_template: String,
+}
+
+/// The growth phase's figures.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Growth {
+    /// Published events in the outbox and records in the inbox before each measurement.
+    pub rows: i64,
+    /// Seconds the filling took (both tables, their indexes, `VACUUM ANALYZE`).
+    pub fill_secs: f64,
+    /// The outbox with its indexes and TOAST, per published event, in bytes.
+    pub outbox_bytes_per_event: f64,
+    /// The inbox with its indexes, per record, in bytes.
+    pub inbox_bytes_per_record: f64,
+    /// The phases on empty tables, each run just before its filled counterpart.
+    pub empty: Phases,
+    /// The phases on copies of the filled tables.
+    pub filled: Phases,
+    /// The cleanup on aged rows while `POST /orders` runs at its maximum rate.
+    pub cleanup: Cleanup,
+}
+
+/// The phases the growth compares.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Phases {
+    /// Relay drain with one relay (rows kept), events per second.
+    pub drain_1_relay_per_sec: f64,
+    /// `POST /orders` at maximum rate, accepted per second.
+    pub http_orders_per_sec: f64,
+    /// The steady phase, one orders-service.
+    pub steady: super::http::Steady,
+}
+
+/// Whether ageing-out keeps up: each side's cleanup round (the services' code and batch size)
+/// and the `VACUUM` that then reclaims the deleted rows, against the rows inserted meanwhile.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Cleanup {
+    /// Orders accepted per second meanwhile: each adds an outbox row (and, once billing
+    /// applies it, an inbox record).
+    pub inserted_per_sec: f64,
+    /// The outbox's round.
+    pub outbox: Round,
+    /// The inbox's round.
+    pub inbox: Round,
+}
+
+/// One cleanup round and its `VACUUM`.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Round {
+    /// Rows deleted.
+    pub deleted: u64,
+    /// Seconds the deleting took.
+    pub delete_secs: f64,
+    /// Seconds the `VACUUM` of the table took afterwards.
+    pub vacuum_secs: f64,
+}
+
+impl Round {
+    /// Rows aged out per second, the `VACUUM` included: what keeps a table's size bounded.
+    pub fn per_sec(&self) -> f64 {
+        self.deleted as f64 / (self.delete_secs + self.vacuum_secs)
+    }
+}
+
+/// `name`'s database made as a copy of `template` (file by file: no WAL for the copied data).
+async fn copy_database(template: &str, name: &str) -> anyhow::Result<()> {
+    let admin = PgPool::connect(&testing::database_url("postgres")).await?;
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        r#"CREATE DATABASE "{name}" TEMPLATE "{template}" STRATEGY FILE_COPY"#
+    )))
+    .execute(&admin)
+    .await?;
+    admin.close().await;
+    Ok(())
+}
+
+impl Growth {
+    /// The figures on empty or on filled tables.
+    pub fn phases(&mut self, filled: bool) -> &mut Phases {
+        if filled {
+            &mut self.filled
+        } else {
+            &mut self.empty
+        }
+    }
+}
+
+impl Filled {
+    /// Makes `names`' two databases as copies of the filled ones.
+    pub async fn copy_into(&self, names: &Names) -> anyhow::Result<()> {
+        copy_database(&self.orders_template, &names.orders_db).await?;
+        copy_database(&self.billing_template, &names.billing_db).await
+    }
+
+    /// Makes the orders database `name` as a copy of the filled one.
+    pub async fn copy_orders(&self, name: &str) -> anyhow::Result<()> {
+        copy_database(&self.orders_template, name).await
+    }
+
+    /// Drops the templates.
+    pub async fn drop(self) {
+        testing::drop_database(&self.orders_template).await;
+        testing::drop_database(&self.billing_template).await;
+    }
+}
+
+/// Rows per filling statement: one transaction of a million rows at a time.
+const CHUNK: i64 = 1_000_000;
+
+/// Fills a fresh orders database with `rows` published events and a billing database with as
+/// many inbox records, spread evenly over the twelve hours (outbox) and three days (inbox)
+/// before the last hour, and measures their size.
+pub async fn fill(rows: i64) -> anyhow::Result<(Filled, Growth)> {
+    let start = Instant::now();
+    let filled = Filled {
+        rows,
+        orders_template: testing::unique("bench_growth_orders"),
+        billing_template: testing::unique("bench_growth_billing"),
+    };
+    let orders =
+        service_kit::infra::connect_db(&testing::database_url(&filled.orders_template), 2).await?;
+    orders_service::startup::migrate(&orders).await?;
+    let billing =
+        service_kit::infra::connect_db(&testing::database_url(&filled.billing_template), 2).await?;
+    billing_service::startup::migrate(&billing).await?;
+    let consumer = billing_service::Config::from_env()?.consumer.name;
+
+    for first in (0..rows).step_by(CHUNK as usize) {
+        let last = (first + CHUNK).min(rows);
+        progress(&format!("  rows {first}..{last} of {rows}"));
+        // Time-ordered ids, as UUIDv7 are: the millisecond timestamp in the first six bytes.
+        // The event of row i, published at its creation time: one of three per order, with a
+        // payload and a traceparent the size of the services' own.
+        sqlx::query(
+            "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload,
+                                 traceparent, status, attempts, next_attempt_at, created_at,
+                                 published_at)
+             SELECT encode(overlay(uuid_send(gen_random_uuid()) placing
+                        substring(int8send((extract(epoch FROM at) * 1000)::bigint) FROM 3)
+                        FROM 1 FOR 6), 'hex')::uuid,
+                    'order', order_id,
+                    (ARRAY['OrderPlaced', 'OrderPaid', 'OrderCancelled'])[i % 3 + 1],
+                    jsonb_build_object('orderId', order_id, 'customer', 'bench',
+                                       'totalMinor', 1999, 'status', 'placed'),
+                    '00-' || md5(i::text) || '-' || left(md5(order_id), 16) || '-01',
+                    'published', 1, at, at, at
+             FROM (SELECT i, '0193a0c4-7d1e-7c3b-9f1a-' || lpad((i / 3)::text, 12, '0')
+                             AS order_id,
+                          now() - interval '13 hours' + interval '12 hours' * i / $3 AS at
+                   FROM generate_series($1, $2 - 1) AS i) AS r",
+        )
+        .bind(first)
+        .bind(last)
+        .bind(rows)
+        .execute(&orders)
+        .await?;
+        sqlx::query(
+            "INSERT INTO inbox (consumer, message_id, received_at, digest)
+             SELECT $4, id::text, at, sha256(id::text::bytea)
+             FROM (SELECT gen_random_uuid() AS id,
+                          now() - interval '73 hours' + interval '72 hours' * i / $3 AS at
+                   FROM generate_series($1, $2 - 1) AS i) AS r",
+        )
+        .bind(first)
+        .bind(last)
+        .bind(rows)
+        .bind(&consumer)
+        .execute(&billing)
+        .await?;
+    }
+    // As autovacuum would have by the time the tables are that big.
+    for (pool, table) in [(&orders, "outbox"), (&billing, "inbox")] {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!("VACUUM ANALYZE {table}")))
+            .execute(pool)
+            .await?;
+    }
+    let size = |pool: &PgPool, table: &'static str| {
+        let pool = pool.clone();
+        async move {
+            let bytes: i64 = sqlx::query_scalar("SELECT pg_total_relation_size($1::regclass)")
+                .bind(table)
+                .fetch_one(&pool)
+                .await?;
+            anyhow::Ok(bytes as f64 / rows.max(1) as f64)
+        }
+    };
+    let growth = Growth {
+        rows,
+        fill_secs: start.elapsed().as_secs_f64(),
+        outbox_bytes_per_event: size(&orders, "outbox").await?,
+        inbox_bytes_per_record: size(&billing, "inbox").await?,
+        ..Growth::default()
+    };
+    orders.close().await;
+    billing.close().await;
+    Ok((filled, growth))
+}
+
+/// The share of the filled rows the cleanup phase finds aged: enough to run for a while under
+/// load, few enough that the copy keeps most of its size.
+const AGED: f64 = 0.05;
+
+/// Runs `POST /orders` at maximum rate against a copy of the filled orders database while one
+/// round of the outbox's and of the inbox's cleanup (the services' code and batch size) deletes
+/// the oldest twentieth of the filled rows and a `VACUUM` reclaims them, and returns the
+/// figures.
+pub async fn cleanup(filled: &Filled, connections: usize) -> anyhow::Result<Cleanup> {
+    let names = Names::unique();
+    filled.copy_into(&names).await?;
+    let mut orders = crate::process::Service::start(
+        crate::process::Kind::Orders,
+        super::http::env(&names, &names.orders_db, &testing::nats_url()),
+        &super::http::log_dir(),
+    )
+    .await;
+    let orders_db = PgPool::connect(&testing::database_url(&names.orders_db)).await?;
+    let billing_db = PgPool::connect(&testing::database_url(&names.billing_db)).await?;
+    let inbox = outbox_core::Inbox::new(
+        billing_db.clone(),
+        billing_service::Config::from_env()?.consumer.name,
+    );
+    // The filled rows span 12 hours (outbox) and 72 hours (inbox) ending an hour ago; these
+    // retentions leave the oldest AGED of each behind, and nothing the load adds.
+    let hours = |h: f64| Duration::from_secs_f64(h * 3600.0);
+    let (outbox_retention, inbox_retention) =
+        (hours(13.0 - 12.0 * AGED), hours(73.0 - 72.0 * AGED));
+
+    let stop = tokio_util::sync::CancellationToken::new();
+    let load =
+        super::http::hammer_until(std::slice::from_ref(&orders.url), connections, stop.clone());
+    let rounds = async {
+        let rounds = tokio::join!(
+            round(
+                &orders_db,
+                "outbox",
+                outbox_core::outbox::cleanup(&orders_db, outbox_retention, 1000)
+            ),
+            round(&billing_db, "inbox", inbox.cleanup(inbox_retention, 1000)),
+        );
+        stop.cancel();
+        rounds
+    };
+    let (inserted, (outbox, inbox)) = tokio::join!(load, rounds);
+    orders_db.close().await;
+    billing_db.close().await;
+    orders.terminate().await;
+    names.clean_up().await;
+    Ok(Cleanup {
+        inserted_per_sec: inserted?,
+        outbox: outbox?,
+        inbox: inbox?,
+    })
+}
+
+/// Times `cleanup`, then a `VACUUM` of `table`.
+async fn round(
+    pool: &PgPool,
+    table: &str,
+    cleanup: impl Future<Output = Result<u64, outbox_core::Error>>,
+) -> anyhow::Result<Round> {
+    let start = Instant::now();
+    let deleted = cleanup.await?;
+    let delete_secs = start.elapsed().as_secs_f64();
+    let start = Instant::now();
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("VACUUM {table}")))
+        .execute(pool)
+        .await?;
+    Ok(Round {
+        deleted,
+        delete_secs,
+        vacuum_secs: start.elapsed().as_secs_f64(),
+    })
+}
