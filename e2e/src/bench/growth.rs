@@ -150,8 +150,9 @@ pub async fn fill(rows: i64) -> anyhow::Result<(Filled, Growth)> {
     for first in (0..rows).step_by(CHUNK as usize) {
         let last = (first + CHUNK).min(rows);
         progress(&format!("  rows {first}..{last} of {rows}"));
-        // Time-ordered ids, as UUIDv7 are: the millisecond timestamp in the first six bytes.
-        // The event of row i, published at its creation time: one of three per order, with a
+        // Time-ordered ids, as UUIDv7 are: the millisecond timestamp in the first six bytes
+        // (random ones would make the id indexes bigger and slower than a deployment's). The
+        // event of row i, published at its creation time: one of three per order, with a
         // payload and a traceparent the size of the services' own.
         sqlx::query(
             "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload,
@@ -176,12 +177,15 @@ pub async fn fill(rows: i64) -> anyhow::Result<(Filled, Growth)> {
         .bind(rows)
         .execute(&orders)
         .await?;
+        // The ids the relay publishes, hence billing's keys, are UUIDv7 too.
         sqlx::query(
             "INSERT INTO inbox (consumer, message_id, received_at, digest)
              SELECT $4, id::text, at, sha256(id::text::bytea)
-             FROM (SELECT gen_random_uuid() AS id,
-                          now() - interval '73 hours' + interval '72 hours' * i / $3 AS at
-                   FROM generate_series($1, $2 - 1) AS i) AS r",
+             FROM (SELECT encode(overlay(uuid_send(gen_random_uuid()) placing
+                              substring(int8send((extract(epoch FROM at) * 1000)::bigint) FROM 3)
+                              FROM 1 FOR 6), 'hex')::uuid AS id, at
+                   FROM (SELECT now() - interval '73 hours' + interval '72 hours' * i / $3 AS at
+                         FROM generate_series($1, $2 - 1) AS i) AS t) AS r",
         )
         .bind(first)
         .bind(last)
