@@ -84,7 +84,8 @@ impl Round {
     }
 }
 
-/// `name`'s database made as a copy of `template` (file by file: no WAL for the copied data).
+/// `name`'s database made as a copy of `template` (file by file: no WAL for the copied data),
+/// then [`settle`]d.
 async fn copy_database(template: &str, name: &str) -> anyhow::Result<()> {
     let admin = PgPool::connect(&testing::database_url("postgres")).await?;
     sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
@@ -93,7 +94,19 @@ async fn copy_database(template: &str, name: &str) -> anyhow::Result<()> {
     .execute(&admin)
     .await?;
     admin.close().await;
+    settle().await;
     Ok(())
+}
+
+/// Waits until what the last copy wrote and the last drop freed is on disk (a checkpoint, then
+/// `sync`), so that a measurement does not pay for the I/O of the one before it; best effort.
+pub async fn settle() {
+    if let Ok(admin) = PgPool::connect(&testing::database_url("postgres")).await {
+        // Needs a superuser or pg_checkpoint; without, the sync still does most of it.
+        let _ = sqlx::query("CHECKPOINT").execute(&admin).await;
+        admin.close().await;
+    }
+    let _ = tokio::process::Command::new("sync").status().await;
 }
 
 impl Growth {

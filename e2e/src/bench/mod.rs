@@ -363,18 +363,21 @@ async fn growth(options: &Options) -> anyhow::Result<growth::Growth> {
         progress(&format!(
             "  relay drain, 1 relay, rows kept, {tables} tables"
         ));
+        growth::settle().await;
         let rate = drain::drain(options.drain_events, 1, false, seed).await?;
         progress(&format!("    {rate:.0} events/s"));
         figures.phases(seed.is_some()).drain_1_relay_per_sec = rate;
     }
     for (tables, seed) in [("empty", None), ("filled", Some(&filled))] {
         progress(&format!("  POST /orders at maximum rate, {tables} tables"));
+        growth::settle().await;
         let rate = http::max_rate(options.connections, options.max_rate_for, seed).await?;
         progress(&format!("    {rate:.0} orders/s"));
         figures.phases(seed.is_some()).http_orders_per_sec = rate;
     }
     for (tables, seed) in [("empty", None), ("filled", Some(&filled))] {
         progress(&format!("  steady load, 1 orders-service, {tables} tables"));
+        growth::settle().await;
         let steady = http::steady(options.steady_rate, options.steady_for, 1, seed).await?;
         progress(&format!(
             "    p50 {:.2} ms, p99 {:.2} ms",
@@ -383,6 +386,7 @@ async fn growth(options: &Options) -> anyhow::Result<growth::Growth> {
         figures.phases(seed.is_some()).steady = steady;
     }
     progress("  the cleanups under POST /orders at maximum rate");
+    growth::settle().await;
     figures.cleanup = growth::cleanup(&filled, options.connections).await?;
     let c = &figures.cleanup;
     for (table, round) in [("outbox", &c.outbox), ("inbox", &c.inbox)] {

@@ -1,6 +1,6 @@
 //! The benchmark (see `e2e::bench`):
 //!
-//!   cargo run --release -p e2e --bin bench                 # the full run, ≈ 8 minutes
+//!   cargo run --release -p e2e --bin bench                 # the full run, ≈ 30 minutes
 //!   cargo run --release -p e2e --bin bench -- --smoke      # a few seconds, to check it works
 //!   cargo run --release -p e2e --bin bench -- --out DIR    # results folder (default results/)
 //!   cargo run --release -p e2e --bin bench -- --growth-rows N  # the growth phase's table size
