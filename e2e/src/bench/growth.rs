@@ -1,9 +1,11 @@
-//! What the tables' size costs. A user's database is not empty: the outbox holds a day of
-//! published events and the inbox a week of records. This phase fills an orders and a billing
-//! database once with many finished rows (inside the default retentions, so the cleanup keeps
-//! them), copies them for each measurement, and runs the relay drain, `POST /orders` and the
-//! steady phase on the copies; it also measures the bytes each event takes on each side, and
-//! the cleanup deleting aged rows while `POST /orders` runs at its maximum rate.
+//! What the tables' size costs. A user's database is not empty: the outbox holds up to a day of
+//! published events and the inbox up to a week of records. This phase fills an orders and a
+//! billing database once with many finished rows (over the 12 and the 72 hours before the last
+//! hour: inside the default retentions, so the services' cleanup keeps them), and empty ones
+//! made the same way; it copies them for each measurement and runs the relay drain,
+//! `POST /orders` and the steady phase on empty and on filled copies. It also measures the
+//! bytes each event takes on each side, and each side's cleanup deleting aged rows (then a
+//! `VACUUM` throttled as autovacuum's is) while `POST /orders` runs at its maximum rate.
 
 use std::time::{Duration, Instant};
 
@@ -19,6 +21,8 @@ use crate::Names;
 pub struct Filled {
     /// Finished rows in each table.
     pub rows: i64,
+    /// The `now()` the rows' times were counted back from.
+    anchor: chrono::DateTime<chrono::Utc>,
     orders_template: String,
     billing_template: String,
 }
@@ -57,8 +61,8 @@ pub struct Phases {
 /// and the `VACUUM` that then reclaims the deleted rows, against the rows inserted meanwhile.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct Cleanup {
-    /// Orders accepted per second meanwhile: each adds an outbox row (and, once billing
-    /// applies it, an inbox record).
+    /// Orders accepted per second meanwhile: each adds an outbox row (billing does not run,
+    /// so the inbox's round has no inserts beside it).
     pub inserted_per_sec: f64,
     /// The outbox's round.
     pub outbox: Round,
@@ -73,7 +77,7 @@ pub struct Round {
     pub deleted: u64,
     /// Seconds the deleting took.
     pub delete_secs: f64,
-    /// Seconds the `VACUUM` of the table took afterwards.
+    /// Seconds the `VACUUM` of the table took afterwards, throttled as autovacuum's is.
     pub vacuum_secs: f64,
 }
 
@@ -142,13 +146,29 @@ impl Filled {
 /// Rows per filling statement: one transaction of a million rows at a time.
 const CHUNK: i64 = 1_000_000;
 
+/// Drops the templates an interrupted run left behind (tens of gigabytes each).
+pub async fn drop_leftovers() -> anyhow::Result<()> {
+    let admin = PgPool::connect(&testing::database_url("postgres")).await?;
+    let names: Vec<String> =
+        sqlx::query_scalar("SELECT datname FROM pg_database WHERE datname LIKE 'bench_growth_%'")
+            .fetch_all(&admin)
+            .await?;
+    admin.close().await;
+    for name in names {
+        testing::drop_database(&name).await;
+    }
+    Ok(())
+}
+
 /// Fills a fresh orders database with `rows` published events and a billing database with as
 /// many inbox records, spread evenly over the twelve hours (outbox) and three days (inbox)
-/// before the last hour, and measures their size.
+/// before the last hour, and measures their size. With `rows` 0, the empty databases the
+/// baseline copies, migrated and analysed the same way.
 pub async fn fill(rows: i64) -> anyhow::Result<(Filled, Growth)> {
     let start = Instant::now();
-    let filled = Filled {
+    let mut filled = Filled {
         rows,
+        anchor: chrono::Utc::now(),
         orders_template: testing::unique("bench_growth_orders"),
         billing_template: testing::unique("bench_growth_billing"),
     };
@@ -159,6 +179,9 @@ pub async fn fill(rows: i64) -> anyhow::Result<(Filled, Growth)> {
         service_kit::infra::connect_db(&testing::database_url(&filled.billing_template), 2).await?;
     billing_service::startup::migrate(&billing).await?;
     let consumer = billing_service::Config::from_env()?.consumer.name;
+    filled.anchor = sqlx::query_scalar("SELECT now()")
+        .fetch_one(&orders)
+        .await?;
 
     for first in (0..rows).step_by(CHUNK as usize) {
         let last = (first + CHUNK).min(rows);
@@ -166,7 +189,7 @@ pub async fn fill(rows: i64) -> anyhow::Result<(Filled, Growth)> {
         // Time-ordered ids, as UUIDv7 are: the millisecond timestamp in the first six bytes
         // (random ones would make the id indexes bigger and slower than a deployment's). The
         // event of row i, published at its creation time: one of three per order, with a
-        // payload and a traceparent the size of the services' own.
+        // payload the size of the services' and a traceparent, as a traced deployment has.
         sqlx::query(
             "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload,
                                  traceparent, status, attempts, next_attempt_at, created_at,
@@ -182,12 +205,14 @@ pub async fn fill(rows: i64) -> anyhow::Result<(Filled, Growth)> {
                     'published', 1, at, at, at
              FROM (SELECT i, '0193a0c4-7d1e-7c3b-9f1a-' || lpad((i / 3)::text, 12, '0')
                              AS order_id,
-                          now() - interval '13 hours' + interval '12 hours' * i / $3 AS at
+                          $4 - interval '13 hours' + interval '12 hours' * (i::float8 / $3)
+                              AS at
                    FROM generate_series($1, $2 - 1) AS i) AS r",
         )
         .bind(first)
         .bind(last)
         .bind(rows)
+        .bind(filled.anchor)
         .execute(&orders)
         .await?;
         // The ids the relay publishes, hence billing's keys, are UUIDv7 too.
@@ -197,16 +222,24 @@ pub async fn fill(rows: i64) -> anyhow::Result<(Filled, Growth)> {
              FROM (SELECT encode(overlay(uuid_send(gen_random_uuid()) placing
                               substring(int8send((extract(epoch FROM at) * 1000)::bigint) FROM 3)
                               FROM 1 FOR 6), 'hex')::uuid AS id, at
-                   FROM (SELECT now() - interval '73 hours' + interval '72 hours' * i / $3 AS at
+                   FROM (SELECT $5 - interval '73 hours'
+                                    + interval '72 hours' * (i::float8 / $3) AS at
                          FROM generate_series($1, $2 - 1) AS i) AS t) AS r",
         )
         .bind(first)
         .bind(last)
         .bind(rows)
         .bind(&consumer)
+        .bind(filled.anchor)
         .execute(&billing)
         .await?;
     }
+    // What the inbox's own statements would have counted.
+    sqlx::query("INSERT INTO inbox_counts (consumer, slot, processed) VALUES ($1, 0, $2)")
+        .bind(&consumer)
+        .bind(rows)
+        .execute(&billing)
+        .await?;
     // As autovacuum would have by the time the tables are that big.
     for (pool, table) in [(&orders, "outbox"), (&billing, "inbox")] {
         sqlx::raw_sql(sqlx::AssertSqlSafe(format!("VACUUM ANALYZE {table}")))
@@ -258,9 +291,10 @@ pub async fn cleanup(filled: &Filled, connections: usize) -> anyhow::Result<Clea
         billing_db.clone(),
         billing_service::Config::from_env()?.consumer.name,
     );
-    // The filled rows span 12 hours (outbox) and 72 hours (inbox) ending an hour ago; these
-    // retentions leave the oldest AGED of each behind, and nothing the load adds.
-    let hours = |h: f64| Duration::from_secs_f64(h * 3600.0);
+    // The filled rows span 12 hours (outbox) and 72 hours (inbox) ending an hour before the
+    // anchor; these retentions put the oldest AGED of each past them, and nothing the load adds.
+    let since = (chrono::Utc::now() - filled.anchor).num_seconds() as f64 / 3600.0;
+    let hours = |h: f64| Duration::from_secs_f64((h + since) * 3600.0);
     let (outbox_retention, inbox_retention) =
         (hours(13.0 - 12.0 * AGED), hours(73.0 - 72.0 * AGED));
 
@@ -291,7 +325,8 @@ pub async fn cleanup(filled: &Filled, connections: usize) -> anyhow::Result<Clea
     })
 }
 
-/// Times `cleanup`, then a `VACUUM` of `table`.
+/// Times `cleanup`, then a `VACUUM` of `table` throttled as autovacuum's is by default (cost
+/// delay 2 ms, cost limit 200): a manual one runs unthrottled, faster than a deployment's.
 async fn round(
     pool: &PgPool,
     table: &str,
@@ -301,9 +336,19 @@ async fn round(
     let deleted = cleanup.await?;
     let delete_secs = start.elapsed().as_secs_f64();
     let start = Instant::now();
-    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("VACUUM {table}")))
-        .execute(pool)
-        .await?;
+    // One statement at a time: VACUUM cannot run in the transaction a multi-statement string
+    // makes; its own connection, which is then closed with its settings.
+    let mut conn = pool.acquire().await?.detach();
+    for statement in [
+        "SET vacuum_cost_delay = '2ms'",
+        "SET vacuum_cost_limit = 200",
+        &format!("VACUUM {table}"),
+    ] {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(statement.to_owned()))
+            .execute(&mut conn)
+            .await?;
+    }
+    sqlx::Connection::close(conn).await?;
     Ok(Round {
         deleted,
         delete_secs,

@@ -140,7 +140,7 @@ pub async fn max_rate(
 ) -> anyhow::Result<f64> {
     let names = Names::unique();
     if let Some(filled) = filled {
-        filled.copy_into(&names).await?;
+        filled.copy_orders(&names.orders_db).await?;
     }
     let mut orders = Service::start(
         Kind::Orders,

@@ -354,40 +354,56 @@ async fn growth(options: &Options) -> anyhow::Result<growth::Growth> {
         "growth: an outbox with {0} published events and an inbox with {0} records",
         options.growth_rows
     ));
+    growth::drop_leftovers().await?;
     let (filled, mut figures) = growth::fill(options.growth_rows).await?;
     progress(&format!(
         "  filled in {:.0} s: {:.0} bytes per outbox event, {:.0} per inbox record",
         figures.fill_secs, figures.outbox_bytes_per_event, figures.inbox_bytes_per_record
     ));
-    for (tables, seed) in [("empty", None), ("filled", Some(&filled))] {
+    let (empty, _) = growth::fill(0).await?;
+    measure_growth(options, &empty, &filled, &mut figures).await?;
+    empty.drop().await;
+    filled.drop().await;
+    Ok(figures)
+}
+
+/// The growth phase's measurements on copies of `empty` and of `filled`.
+async fn measure_growth(
+    options: &Options,
+    empty: &growth::Filled,
+    filled: &growth::Filled,
+    figures: &mut growth::Growth,
+) -> anyhow::Result<()> {
+    let both = [("empty", empty), ("filled", filled)];
+    for (tables, seed) in both {
         progress(&format!(
             "  relay drain, 1 relay, rows kept, {tables} tables"
         ));
         growth::settle().await;
-        let rate = drain::drain(options.drain_events, 1, false, seed).await?;
+        let rate = drain::drain(options.drain_events, 1, false, Some(seed)).await?;
         progress(&format!("    {rate:.0} events/s"));
-        figures.phases(seed.is_some()).drain_1_relay_per_sec = rate;
+        figures.phases(seed.rows > 0).drain_1_relay_per_sec = rate;
     }
-    for (tables, seed) in [("empty", None), ("filled", Some(&filled))] {
+    for (tables, seed) in both {
         progress(&format!("  POST /orders at maximum rate, {tables} tables"));
         growth::settle().await;
-        let rate = http::max_rate(options.connections, options.max_rate_for, seed).await?;
+        let rate = http::max_rate(options.connections, options.max_rate_for, Some(seed)).await?;
         progress(&format!("    {rate:.0} orders/s"));
-        figures.phases(seed.is_some()).http_orders_per_sec = rate;
+        figures.phases(seed.rows > 0).http_orders_per_sec = rate;
     }
-    for (tables, seed) in [("empty", None), ("filled", Some(&filled))] {
+    for (tables, seed) in both {
         progress(&format!("  steady load, 1 orders-service, {tables} tables"));
         growth::settle().await;
-        let steady = http::steady(options.steady_rate, options.steady_for, 1, seed).await?;
+        let steady = http::steady(options.steady_rate, options.steady_for, 1, Some(seed)).await?;
         progress(&format!(
             "    p50 {:.2} ms, p99 {:.2} ms",
             steady.latency_ms.p50, steady.latency_ms.p99
         ));
-        figures.phases(seed.is_some()).steady = steady;
+        figures.phases(seed.rows > 0).steady = steady;
     }
     progress("  the cleanups under POST /orders at maximum rate");
     growth::settle().await;
-    figures.cleanup = growth::cleanup(&filled, options.connections).await?;
+    figures.cleanup = growth::cleanup(filled, options.connections).await?;
     let c = &figures.cleanup;
     for (table, round) in [("outbox", &c.outbox), ("inbox", &c.inbox)] {
         progress(&format!(
@@ -399,8 +415,7 @@ async fn growth(options: &Options) -> anyhow::Result<growth::Growth> {
         "    meanwhile {:.0} orders/s inserted",
         c.inserted_per_sec
     ));
-    filled.drop().await;
-    Ok(figures)
+    Ok(())
 }
 
 /// Runs the growth phase alone, then writes `growth.json` and prints its lines; returns the
