@@ -41,6 +41,7 @@ pub async fn drain(messages: usize, apply_batch: Option<usize>) -> anyhow::Resul
     .await?;
 
     let mut env = env(&names, &names.billing_db, &testing::nats_url());
+    // The reference the batched default is compared with: one transaction per message.
     if let Some(batch) = apply_batch {
         env.push(("CONSUMER_APPLY_BATCH".into(), batch.to_string()));
     }

@@ -88,8 +88,7 @@ impl Round {
     }
 }
 
-/// `name`'s database made as a copy of `template` (file by file: no WAL for the copied data),
-/// then [`settle`]d.
+/// `name`'s database made as a copy of `template` (file by file: no WAL for the copied data).
 async fn copy_database(template: &str, name: &str) -> anyhow::Result<()> {
     let admin = PgPool::connect(&testing::database_url("postgres")).await?;
     sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
@@ -98,7 +97,6 @@ async fn copy_database(template: &str, name: &str) -> anyhow::Result<()> {
     .execute(&admin)
     .await?;
     admin.close().await;
-    settle().await;
     Ok(())
 }
 
@@ -125,15 +123,19 @@ impl Growth {
 }
 
 impl Filled {
-    /// Makes `names`' two databases as copies of the filled ones.
+    /// Makes `names`' two databases as copies of the filled ones, then [`settle`]s.
     pub async fn copy_into(&self, names: &Names) -> anyhow::Result<()> {
         copy_database(&self.orders_template, &names.orders_db).await?;
-        copy_database(&self.billing_template, &names.billing_db).await
+        copy_database(&self.billing_template, &names.billing_db).await?;
+        settle().await;
+        Ok(())
     }
 
-    /// Makes the orders database `name` as a copy of the filled one.
+    /// Makes the orders database `name` as a copy of the filled one, then [`settle`]s.
     pub async fn copy_orders(&self, name: &str) -> anyhow::Result<()> {
-        copy_database(&self.orders_template, name).await
+        copy_database(&self.orders_template, name).await?;
+        settle().await;
+        Ok(())
     }
 
     /// Drops the templates.

@@ -275,6 +275,8 @@ pub async fn steady(
     let mut services = Vec::with_capacity(instances);
     for instance in 0..instances {
         let mut env = env(&names, &names.orders_db, &testing::nats_url());
+        // Issue 18's second scenario: an order committed through an instance without a relay
+        // must still reach the other instance's relay at once (its NOTIFY after commit).
         if instance > 0 {
             env.push(("RELAY_ENABLED".into(), "false".into()));
         }

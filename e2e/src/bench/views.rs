@@ -28,6 +28,8 @@ pub struct Views {
 pub async fn views(pending: i64) -> anyhow::Result<Views> {
     let names = Names::unique();
     let mut env = env(&names, &names.orders_db, &testing::nats_url());
+    // No relay, so that the backlog stays pending while the views are timed: what an
+    // operator sees during a broker outage.
     env.push(("RELAY_ENABLED".into(), "false".into()));
     let mut orders = Service::start(Kind::Orders, env, &log_dir()).await;
     let db = PgPool::connect(&testing::database_url(&names.orders_db)).await?;
