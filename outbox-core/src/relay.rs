@@ -282,8 +282,8 @@ impl<P: Publisher> Relay<P> {
     /// Claims due rows in a new transaction, which stays open, holding them, until
     /// [`Relay::record`].
     async fn claim(&self) -> Result<Claim, Error> {
-        let mut tx = self.pool.begin().await?;
-        let rows = storage::claim(&mut tx, self.config.batch_size, self.config.lease).await?;
+        let mut tx = storage::begin_claim(&self.pool, self.config.lease).await?;
+        let rows = storage::claim(&mut tx, self.config.batch_size).await?;
         let locked = rows.len();
         let rows = rows.into_iter().filter(|row| !row.held_back).collect();
         Ok(Claim {
