@@ -285,16 +285,12 @@ impl Consumer {
             Verdict::Ack => AckKind::Ack,
             Verdict::Retry(_) => AckKind::Nak(Some(self.config.retry_delay)),
             Verdict::Dead(reason) => {
-                let letter = NewDeadLetter {
-                    // The raw ce-id stays in the headers; the id column holds only a valid one.
-                    message_id: header(&headers, "ce-id")
-                        .filter(|id| outbox_core::event::is_valid_token(id)),
-                    subject: &message.subject,
-                    headers: headers_json(&headers),
-                    payload: &message.payload,
-                    error: &reason,
-                    deliveries,
-                };
+                let mut letter = NewDeadLetter::new(&message.subject, &message.payload, &reason);
+                // The raw ce-id stays in the headers; the id column holds only a valid one.
+                letter.message_id =
+                    header(&headers, "ce-id").filter(|id| outbox_core::event::is_valid_token(id));
+                letter.headers = headers_json(&headers);
+                letter.deliveries = deliveries;
                 match self
                     .rules
                     .inbox

@@ -200,18 +200,11 @@ impl Sweep {
         );
         // Its id says where it came from, so that it is kept once.
         let id = format!("nats-sequence:{}:{seq}", self.stream);
-        let kept = self
-            .inbox
-            .dead_letter_once(NewDeadLetter {
-                message_id: Some(&id),
-                subject: &message.subject,
-                headers: serde_json::json!({ "NATS-Raw-Headers": [{ "hex": hex(headers) }] }),
-                payload: body,
-                error: &error,
-                // The broker's count is not known without a delivery to read it from.
-                deliveries: 0,
-            })
-            .await?;
+        // The broker's delivery count is not known without a delivery to read it from.
+        let mut letter = NewDeadLetter::new(&message.subject, body, &error);
+        letter.message_id = Some(&id);
+        letter.headers = serde_json::json!({ "NATS-Raw-Headers": [{ "hex": hex(headers) }] });
+        let kept = self.inbox.dead_letter_once(letter).await?;
         let Some(letter) = kept else {
             return Ok(false);
         };

@@ -35,10 +35,7 @@ async fn twenty_orders_survive_broker_faults_and_lost_acks() {
     let publisher =
         FaultyPublisher::new(JetStreamPublisher::new(jetstream.clone())).with_faults(faults);
     let mut relay_config = config.relay.clone();
-    relay_config.backoff = Backoff {
-        base: Duration::from_millis(1),
-        max: Duration::from_millis(5),
-    };
+    relay_config.backoff = Backoff::new(Duration::from_millis(1), Duration::from_millis(5));
     let relay = Relay::new(pool.clone(), publisher, relay_config);
 
     let failed = &Cell::new(0);
@@ -90,12 +87,8 @@ async fn a_relay_cut_off_from_its_database_lets_its_rows_go() {
     let pool = twenty_orders(&config).await;
     let nats = async_nats::connect(testing::nats_url()).await.unwrap();
     let jetstream = async_nats::jetstream::new(nats);
-    let spec = outbox_core::publisher::StreamSpec {
-        name: names.stream.clone(),
-        subjects: vec![format!("{}.>", names.prefix)],
-        duplicate_window: Duration::from_secs(120),
-        replicas: 1,
-    };
+    let spec =
+        outbox_core::publisher::StreamSpec::new(&names.stream, vec![format!("{}.>", names.prefix)]);
     outbox_core::publisher::ensure_stream(&jetstream, &spec)
         .await
         .unwrap();

@@ -32,10 +32,10 @@ impl Config {
         relay.batch_size = parse("RELAY_BATCH_SIZE", relay.batch_size)?;
         relay.max_attempts = parse("RELAY_MAX_ATTEMPTS", relay.max_attempts)?;
         relay.poll_interval = millis("RELAY_POLL_INTERVAL_MS", relay.poll_interval)?;
-        relay.backoff = Backoff {
-            base: millis("RELAY_BACKOFF_BASE_MS", relay.backoff.base)?,
-            max: millis("RELAY_BACKOFF_MAX_MS", relay.backoff.max)?,
-        };
+        relay.backoff = Backoff::new(
+            millis("RELAY_BACKOFF_BASE_MS", relay.backoff.base)?,
+            millis("RELAY_BACKOFF_MAX_MS", relay.backoff.max)?,
+        );
         relay.lease = millis("RELAY_LEASE_MS", relay.lease)?;
         let outbox_retention = millis("OUTBOX_RETENTION_MS", Duration::from_secs(24 * 3600))?;
         relay.delete_published = outbox_retention.is_zero();

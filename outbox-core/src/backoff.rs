@@ -7,6 +7,7 @@ use rand::Rng;
 /// Delay before the next attempt: `base * 2^(attempts-1)`, capped at `max`, with "equal jitter"
 /// (a random point in the upper half) so that failed rows do not retry in lock-step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Backoff {
     /// Delay after the first failure, before jitter.
     pub base: Duration,
@@ -24,6 +25,11 @@ impl Default for Backoff {
 }
 
 impl Backoff {
+    /// `base` after the first failure, doubling up to `max`.
+    pub const fn new(base: Duration, max: Duration) -> Self {
+        Self { base, max }
+    }
+
     /// The capped exponential delay after `attempts` failures, without jitter.
     pub fn ceiling(&self, attempts: u32) -> Duration {
         let exponent = attempts.saturating_sub(1).min(31);

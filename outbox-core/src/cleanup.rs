@@ -5,7 +5,7 @@ use std::time::Duration;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
-use crate::{Error, Inbox, outbox};
+use crate::{Inbox, outbox};
 
 /// What a [`Cleanup`] deletes.
 #[derive(Debug, Clone)]
@@ -53,7 +53,7 @@ impl Cleanup {
     }
 
     /// One round; returns the number of rows deleted.
-    pub async fn run_once(&self) -> Result<u64, Error> {
+    pub async fn run_once(&self) -> sqlx::Result<u64> {
         match &self.target {
             Target::Outbox(pool) => outbox::cleanup(pool, self.retention, self.batch).await,
             Target::Inbox(inbox) => inbox.cleanup(self.retention, self.batch).await,

@@ -1,27 +1,40 @@
+//! The errors of the crate's operations: each returns the type that names exactly what can go
+//! wrong in it, and [`Error`] gathers them for an application that handles them together.
+//!
+//! Operations that only run SQL (enqueue, stats, dead letters, cleanup, a relay pass) return
+//! [`sqlx::Error`] itself.
+
 use std::error::Error as StdError;
 
 /// A boxed error that keeps its cause chain.
 pub(crate) type BoxError = Box<dyn StdError + Send + Sync + 'static>;
 
-/// What can go wrong in the outbox, the relay and the inbox.
+/// Any error of this crate, for an application that handles them together: each operation's
+/// own error converts into it with `?`.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
     /// A database statement failed.
     #[error("database error")]
     Database(#[from] sqlx::Error),
-    /// Applying this crate's migrations failed.
-    #[error("migration failed")]
-    Migrate(#[from] sqlx::migrate::MigrateError),
-    /// The database lacks migrations this code needs (see [`crate::migrate::verify`]).
-    #[error("the database is not migrated: versions {missing:?} are not applied")]
-    NotMigrated {
-        /// The versions not applied.
-        missing: Vec<i64>,
-    },
+    /// Applying or checking this crate's migrations failed.
+    #[error(transparent)]
+    Migrate(#[from] MigrateError),
+    /// An event could not be made.
+    #[error(transparent)]
+    Event(#[from] EventError),
+    /// Creating, updating or checking the JetStream stream failed.
+    #[error(transparent)]
+    Stream(#[from] StreamError),
+}
+
+/// Why [`crate::NewEvent::new`] refused an event.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum EventError {
     /// An event field does not follow the rules in [`crate::event`].
     #[error("invalid event {field}: {reason}")]
-    InvalidEvent {
+    Invalid {
         /// The offending field.
         field: &'static str,
         /// Why it was refused.
@@ -30,9 +43,52 @@ pub enum Error {
     /// The event payload could not be serialised to JSON.
     #[error("event payload is not serialisable")]
     Payload(#[from] serde_json::Error),
-    /// Creating, updating or checking the JetStream stream failed.
-    #[error("stream set-up failed: {0}")]
-    Stream(String, #[source] BoxError),
+}
+
+/// Why applying or checking migrations ([`crate::migrate`]) failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum MigrateError {
+    /// Applying the migrations failed.
+    #[error("migration failed")]
+    Apply(#[from] sqlx::migrate::MigrateError),
+    /// Reading which migrations were applied failed.
+    #[error("reading the applied migrations failed")]
+    Database(#[from] sqlx::Error),
+    /// The database lacks migrations this code needs (see [`crate::migrate::verify`]).
+    #[error("the database is not migrated: versions {missing:?} are not applied")]
+    NotMigrated {
+        /// The versions not applied.
+        missing: Vec<i64>,
+    },
+}
+
+/// Why [`crate::publisher::ensure_stream`] failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StreamError {
+    /// The broker refused to create or update the stream, or did not answer.
+    #[error("creating or updating stream {stream} failed")]
+    Create {
+        /// The stream's name.
+        stream: String,
+        /// What the broker or the client said.
+        #[source]
+        source: BoxError,
+    },
+    /// The stream exists with a duplicate window shorter than asked for, and kept it: a
+    /// re-published event older than the window would be stored twice.
+    #[error(
+        "stream {stream} keeps a duplicate window of {kept:?}, shorter than the configured {wanted:?}"
+    )]
+    DuplicateWindow {
+        /// The stream's name.
+        stream: String,
+        /// The window the stream has.
+        kept: std::time::Duration,
+        /// The window asked for.
+        wanted: std::time::Duration,
+    },
 }
 
 /// Why one message was not published.

@@ -6,7 +6,7 @@
 
 use serde::Serialize;
 
-use crate::Error;
+use crate::EventError;
 
 /// Longest accepted name or id, in bytes.
 pub const MAX_TOKEN_LEN: usize = 128;
@@ -28,7 +28,7 @@ impl NewEvent {
         aggregate_id: impl Into<String>,
         event_type: impl Into<String>,
         payload: &impl Serialize,
-    ) -> Result<Self, Error> {
+    ) -> Result<Self, EventError> {
         let event = Self {
             aggregate_type: aggregate_type.into(),
             aggregate_id: aggregate_id.into(),
@@ -64,11 +64,11 @@ pub fn is_valid_token(value: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b':' | b'@'))
 }
 
-fn check_token(field: &'static str, value: &str) -> Result<(), Error> {
+fn check_token(field: &'static str, value: &str) -> Result<(), EventError> {
     if is_valid_token(value) {
         Ok(())
     } else {
-        Err(Error::InvalidEvent {
+        Err(EventError::Invalid {
             field,
             reason: "must be 1-128 ASCII letters, digits, '-', '_', ':' or '@'",
         })
@@ -109,7 +109,7 @@ mod tests {
         let err = NewEvent::new("order", "a.b", "OrderPlaced", &()).unwrap_err();
         assert!(matches!(
             err,
-            Error::InvalidEvent {
+            EventError::Invalid {
                 field: "aggregate_id",
                 ..
             }

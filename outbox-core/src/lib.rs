@@ -17,7 +17,8 @@
 //! - [`backoff`]: exponential backoff with jitter for failed publishes;
 //! - [`migrate`]: the tables this crate needs, as sqlx migrators;
 //! - [`wakeup`]: waking relays after a commit, at no cost to the committing transaction;
-//! - [`testing`]: a publisher that injects broker faults, for tests of code built on this crate.
+//! - `testing` (feature `testing`): a publisher that injects broker faults, for tests of code
+//!   built on this crate.
 //!
 //! The crate knows nothing about the events' meaning: payloads are JSON values chosen by the
 //! caller.
@@ -30,19 +31,20 @@
 
 pub mod backoff;
 pub mod cleanup;
-mod error;
+pub mod error;
 pub mod event;
 pub mod inbox;
 pub mod migrate;
 pub mod outbox;
 pub mod publisher;
 pub mod relay;
+#[cfg(feature = "testing")]
 pub mod testing;
 pub mod wakeup;
 
 pub use backoff::Backoff;
 pub use cleanup::Cleanup;
-pub use error::{Error, PublishError};
+pub use error::{Error, EventError, MigrateError, PublishError, StreamError};
 pub use event::NewEvent;
 pub use inbox::{BatchError, Inbox, InboxError, Outcome};
 pub use outbox::{OutboxStats, enqueue};

@@ -11,7 +11,7 @@
 use sqlx::PgPool;
 use sqlx::migrate::Migrator;
 
-use crate::Error;
+use crate::MigrateError;
 
 /// The outbox tables' migrations (for a producing service).
 pub fn outbox_migrations() -> Migrator {
@@ -24,25 +24,25 @@ pub fn inbox_migrations() -> Migrator {
 }
 
 /// Applies the outbox tables.
-pub async fn outbox(pool: &PgPool) -> Result<(), Error> {
+pub async fn outbox(pool: &PgPool) -> Result<(), MigrateError> {
     run(outbox_migrations(), pool).await
 }
 
 /// Applies the inbox tables.
-pub async fn inbox(pool: &PgPool) -> Result<(), Error> {
+pub async fn inbox(pool: &PgPool) -> Result<(), MigrateError> {
     run(inbox_migrations(), pool).await
 }
 
 /// Runs `migrator` while tolerating the application's own migrations in the same table.
-pub async fn run(mut migrator: Migrator, pool: &PgPool) -> Result<(), Error> {
+pub async fn run(mut migrator: Migrator, pool: &PgPool) -> Result<(), MigrateError> {
     migrator.set_ignore_missing(true);
     migrator.run(pool).await?;
     Ok(())
 }
 
 /// Checks, without changing anything, that every migration of `migrator` was applied; else
-/// [`Error::NotMigrated`] lists the missing versions.
-pub async fn verify(migrator: &Migrator, pool: &PgPool) -> Result<(), Error> {
+/// [`MigrateError::NotMigrated`] lists the missing versions.
+pub async fn verify(migrator: &Migrator, pool: &PgPool) -> Result<(), MigrateError> {
     // Not `query_scalar!`: the table is sqlx's own, absent from the schema queries are
     // checked against.
     let applied: Vec<i64> =
@@ -62,7 +62,7 @@ pub async fn verify(migrator: &Migrator, pool: &PgPool) -> Result<(), Error> {
     if missing.is_empty() {
         Ok(())
     } else {
-        Err(Error::NotMigrated { missing })
+        Err(MigrateError::NotMigrated { missing })
     }
 }
 

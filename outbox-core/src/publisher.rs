@@ -9,10 +9,11 @@ use async_nats::jetstream::{self, context::PublishAckFuture, stream};
 use bytes::Bytes;
 use uuid::Uuid;
 
-use crate::{Error, PublishError};
+use crate::{PublishError, StreamError};
 
 /// One message ready for the broker.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct Message {
     /// The CloudEvents id, also sent as `Nats-Msg-Id`.
     pub id: Uuid,
@@ -175,6 +176,7 @@ fn classify_ack_error(error: jetstream::context::PublishError) -> PublishError {
 
 /// What the stream must look like.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct StreamSpec {
     /// Stream name.
     pub name: String,
@@ -186,11 +188,24 @@ pub struct StreamSpec {
     pub replicas: usize,
 }
 
+impl StreamSpec {
+    /// The stream `name` capturing `subjects`, one replica, a duplicate window of two minutes
+    /// (JetStream's default).
+    pub fn new(name: impl Into<String>, subjects: Vec<String>) -> Self {
+        Self {
+            name: name.into(),
+            subjects,
+            duplicate_window: Duration::from_secs(120),
+            replicas: 1,
+        }
+    }
+}
+
 /// Creates the stream, or updates it to `spec`, with file storage.
 pub async fn ensure_stream(
     context: &jetstream::Context,
     spec: &StreamSpec,
-) -> Result<stream::Info, Error> {
+) -> Result<stream::Info, StreamError> {
     let config = stream::Config {
         name: spec.name.clone(),
         subjects: spec.subjects.clone(),
@@ -199,19 +214,20 @@ pub async fn ensure_stream(
         num_replicas: spec.replicas,
         ..Default::default()
     };
-    let info = context.create_or_update_stream(config).await.map_err(|e| {
-        Error::Stream(
-            format!("creating or updating stream {}", spec.name),
-            e.into(),
-        )
-    })?;
+    let info = context
+        .create_or_update_stream(config)
+        .await
+        .map_err(|e| StreamError::Create {
+            stream: spec.name.clone(),
+            source: e.into(),
+        })?;
     // A shorter window would let a re-published event through as a second message.
     if info.config.duplicate_window < spec.duplicate_window {
-        let reason = format!(
-            "stream {} keeps a duplicate window of {:?}, shorter than the configured {:?}",
-            spec.name, info.config.duplicate_window, spec.duplicate_window
-        );
-        return Err(Error::Stream(reason.clone(), reason.into()));
+        return Err(StreamError::DuplicateWindow {
+            stream: spec.name.clone(),
+            kept: info.config.duplicate_window,
+            wanted: spec.duplicate_window,
+        });
     }
     Ok(info)
 }

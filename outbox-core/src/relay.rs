@@ -28,10 +28,11 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::outbox::storage::{self, Claimed};
-use crate::{Backoff, Error, Message, Publisher, Wakeup};
+use crate::{Backoff, Message, Publisher, Wakeup};
 
 /// How the relay runs.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct RelayConfig {
     /// First subject token; a message goes to `{prefix}.{event_type}.{aggregate_id}`.
     pub subject_prefix: String,
@@ -86,6 +87,7 @@ impl RelayConfig {
 
 /// What one pass did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct BatchReport {
     /// Rows claimed and eligible (heads of their aggregate within the claim).
     pub claimed: usize,
@@ -231,7 +233,7 @@ impl<P: Publisher> Relay<P> {
 
     /// Claims the next rows: a full claim (a backlog) is returned to be published in the next
     /// round, a partial one is published at once.
-    async fn claim_next(&self) -> Result<Next, Error> {
+    async fn claim_next(&self) -> sqlx::Result<Next> {
         let claim = self.claim().await?;
         let held_back = claim.locked > claim.rows.len();
         Ok(if claim.rows.is_empty() {
@@ -273,7 +275,7 @@ impl<P: Publisher> Relay<P> {
     }
 
     /// One pass: claim, publish, record. See the module documentation.
-    pub async fn run_once(&self) -> Result<BatchReport, Error> {
+    pub async fn run_once(&self) -> sqlx::Result<BatchReport> {
         let claim = self.claim().await?;
         let pass = self.publish(claim).await;
         self.record(pass).await
@@ -281,7 +283,7 @@ impl<P: Publisher> Relay<P> {
 
     /// Claims due rows in a new transaction, which stays open, holding them, until
     /// [`Relay::record`].
-    async fn claim(&self) -> Result<Claim, Error> {
+    async fn claim(&self) -> sqlx::Result<Claim> {
         let mut tx = storage::begin_claim(&self.pool, self.config.lease).await?;
         let rows = storage::claim(&mut tx, self.config.batch_size).await?;
         let locked = rows.len();
@@ -423,7 +425,7 @@ impl<P: Publisher> Relay<P> {
 
     /// Marks a pass's acknowledged rows published and its failed ones retried later (or dead),
     /// commits, and counts the outcome.
-    async fn record(&self, pass: Pass) -> Result<BatchReport, Error> {
+    async fn record(&self, pass: Pass) -> sqlx::Result<BatchReport> {
         let Pass {
             mut report,
             mut tx,

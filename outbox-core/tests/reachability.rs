@@ -31,10 +31,7 @@ async fn an_idle_relay_notices_the_broker_is_back(pool: PgPool) {
     enqueue(&pool, "o1", "OrderPlaced", json!({})).await;
 
     let mut config = stream.relay_config();
-    config.unreachable_backoff = Backoff {
-        base: Duration::from_millis(50),
-        max: Duration::from_millis(50),
-    };
+    config.unreachable_backoff = Backoff::new(Duration::from_millis(50), Duration::from_millis(50));
     // Every publish of A's, of this one event, finds the broker unreachable.
     let unreachable = FaultyPublisher::new(stream.publisher())
         .with_aggregate_faults("o1", [Fault::Unreachable; 1000]);

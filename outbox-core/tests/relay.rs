@@ -558,10 +558,7 @@ async fn four_relays_with_random_failures_keep_per_aggregate_order(pool: PgPool)
     let mut config = stream.relay_config();
     config.batch_size = 50;
     config.max_attempts = 1000;
-    config.backoff = Backoff {
-        base: Duration::from_millis(1),
-        max: Duration::from_millis(20),
-    };
+    config.backoff = Backoff::new(Duration::from_millis(1), Duration::from_millis(20));
     let relay = || {
         let publisher = FaultyPublisher::new(stream.publisher())
             .with_random_faults(0.1)

@@ -157,12 +157,12 @@ pub async fn ensure_stream(
     jetstream: &async_nats::jetstream::Context,
     common: &crate::config::Common,
 ) -> anyhow::Result<()> {
-    let spec = outbox_core::publisher::StreamSpec {
-        name: common.stream.clone(),
-        subjects: vec![format!("{}.>", common.subject_prefix)],
-        duplicate_window: common.duplicate_window,
-        replicas: common.stream_replicas,
-    };
+    let mut spec = outbox_core::publisher::StreamSpec::new(
+        &common.stream,
+        vec![format!("{}.>", common.subject_prefix)],
+    );
+    spec.duplicate_window = common.duplicate_window;
+    spec.replicas = common.stream_replicas;
     outbox_core::publisher::ensure_stream(jetstream, &spec).await?;
     Ok(())
 }

@@ -177,11 +177,10 @@ impl From<sqlx::Error> for ApiError {
     }
 }
 
-impl From<outbox_core::Error> for ApiError {
-    fn from(error: outbox_core::Error) -> Self {
+impl From<outbox_core::EventError> for ApiError {
+    fn from(error: outbox_core::EventError) -> Self {
         match error {
-            outbox_core::Error::InvalidEvent { field, reason } => Self::validation(field, reason),
-            outbox_core::Error::Database(e) => e.into(),
+            outbox_core::EventError::Invalid { field, reason } => Self::validation(field, reason),
             other => Self::internal(other),
         }
     }

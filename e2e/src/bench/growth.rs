@@ -332,7 +332,7 @@ pub async fn cleanup(filled: &Filled, connections: usize) -> anyhow::Result<Clea
 async fn round(
     pool: &PgPool,
     table: &str,
-    cleanup: impl Future<Output = Result<u64, outbox_core::Error>>,
+    cleanup: impl Future<Output = sqlx::Result<u64>>,
 ) -> anyhow::Result<Round> {
     let start = Instant::now();
     let deleted = cleanup.await?;

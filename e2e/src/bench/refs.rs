@@ -24,12 +24,7 @@ pub(crate) async fn create_stream(
     name: &str,
     prefix: &str,
 ) -> anyhow::Result<()> {
-    let spec = outbox_core::publisher::StreamSpec {
-        name: name.to_owned(),
-        subjects: vec![format!("{prefix}.>")],
-        duplicate_window: Duration::from_secs(120),
-        replicas: 1,
-    };
+    let spec = outbox_core::publisher::StreamSpec::new(name, vec![format!("{prefix}.>")]);
     outbox_core::publisher::ensure_stream(js, &spec).await?;
     Ok(())
 }

@@ -19,8 +19,6 @@ use serde::Serialize;
 use sha2::{Digest as _, Sha256};
 use sqlx::{PgConnection, PgPool};
 
-use crate::Error;
-
 /// What happened to a message.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome<T> {
@@ -91,6 +89,7 @@ pub enum BatchError<E> {
 /// inbox keeps `processed` and `duplicate` as it goes, and `dead` is counted up to
 /// [`crate::outbox::COUNT_LIMIT`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
 #[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
 pub struct InboxStats {
     /// Messages whose effect was applied.
@@ -105,6 +104,7 @@ pub struct InboxStats {
 
 /// A message kept because it could not be parsed or applied.
 #[derive(Debug, Clone, Serialize)]
+#[non_exhaustive]
 #[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct DeadLetter {
@@ -127,8 +127,9 @@ pub struct DeadLetter {
     pub created_at: DateTime<Utc>,
 }
 
-/// A message to keep as a dead letter.
+/// A message to keep as a dead letter: [`NewDeadLetter::new`], then the fields known.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct NewDeadLetter<'a> {
     /// The message id, when the message had one.
     pub message_id: Option<&'a str>,
@@ -142,6 +143,21 @@ pub struct NewDeadLetter<'a> {
     pub error: &'a str,
     /// Delivery count reported by the broker.
     pub deliveries: i64,
+}
+
+impl<'a> NewDeadLetter<'a> {
+    /// The message on `subject` with `payload`, kept because of `error`; no id, no headers,
+    /// no delivery count.
+    pub fn new(subject: &'a str, payload: &'a [u8], error: &'a str) -> Self {
+        Self {
+            message_id: None,
+            subject,
+            headers: serde_json::Value::Object(serde_json::Map::new()),
+            payload,
+            error,
+            deliveries: 0,
+        }
+    }
 }
 
 /// Which open dead letters a listing or a bulk action takes: those matching every filter set,
@@ -285,7 +301,7 @@ impl Inbox {
     }
 
     /// Keeps a message that cannot be parsed or applied, and returns the dead letter's id.
-    pub async fn dead_letter(&self, letter: NewDeadLetter<'_>) -> Result<i64, Error> {
+    pub async fn dead_letter(&self, letter: NewDeadLetter<'_>) -> sqlx::Result<i64> {
         let id = storage::insert_dead(&self.pool, &self.consumer, &letter, false)
             .await?
             .ok_or(sqlx::Error::RowNotFound)?;
@@ -295,7 +311,7 @@ impl Inbox {
 
     /// [`Inbox::dead_letter`], unless this consumer kept a letter with the same message id
     /// before (open or closed): then `None`. Two calls at the same moment may both keep one.
-    pub async fn dead_letter_once(&self, letter: NewDeadLetter<'_>) -> Result<Option<i64>, Error> {
+    pub async fn dead_letter_once(&self, letter: NewDeadLetter<'_>) -> sqlx::Result<Option<i64>> {
         let id = storage::insert_dead(&self.pool, &self.consumer, &letter, true).await?;
         if id.is_some() {
             metrics::counter!("inbox_dead_letters_total").increment(1);
@@ -309,17 +325,17 @@ impl Inbox {
         filter: &DeadLetterFilter,
         after_id: i64,
         limit: i64,
-    ) -> Result<Vec<DeadLetter>, Error> {
-        Ok(storage::dead(&self.pool, &self.consumer, filter, after_id, limit).await?)
+    ) -> sqlx::Result<Vec<DeadLetter>> {
+        storage::dead(&self.pool, &self.consumer, filter, after_id, limit).await
     }
 
     /// Reads an open dead letter, to replay it.
-    pub async fn dead_letter_by_id(&self, id: i64) -> Result<Option<DeadLetter>, Error> {
-        Ok(storage::find_dead(&self.pool, &self.consumer, id).await?)
+    pub async fn dead_letter_by_id(&self, id: i64) -> sqlx::Result<Option<DeadLetter>> {
+        storage::find_dead(&self.pool, &self.consumer, id).await
     }
 
     /// Closes a dead letter once its replay succeeded; false if it was not open.
-    pub async fn close_dead_letter(&self, id: i64) -> Result<bool, Error> {
+    pub async fn close_dead_letter(&self, id: i64) -> sqlx::Result<bool> {
         let filter = DeadLetterFilter::all();
         Ok(
             storage::close_dead(&self.pool, &self.consumer, Some(id), &filter, "applied").await?
@@ -329,7 +345,7 @@ impl Inbox {
 
     /// Gives up on a dead letter without applying it: it stays recorded as skipped; false if
     /// it was not open.
-    pub async fn skip_dead_letter(&self, id: i64) -> Result<bool, Error> {
+    pub async fn skip_dead_letter(&self, id: i64) -> sqlx::Result<bool> {
         let filter = DeadLetterFilter::all();
         Ok(
             storage::close_dead(&self.pool, &self.consumer, Some(id), &filter, "skipped").await?
@@ -339,12 +355,12 @@ impl Inbox {
 
     /// [`Inbox::skip_dead_letter`] for every open dead letter matching `filter`, in one
     /// statement; returns how many there were. Safe to repeat, and beside a running consumer.
-    pub async fn skip_dead_letters(&self, filter: &DeadLetterFilter) -> Result<u64, Error> {
-        Ok(storage::close_dead(&self.pool, &self.consumer, None, filter, "skipped").await?)
+    pub async fn skip_dead_letters(&self, filter: &DeadLetterFilter) -> sqlx::Result<u64> {
+        storage::close_dead(&self.pool, &self.consumer, None, filter, "skipped").await
     }
 
     /// Reads the current [`InboxStats`].
-    pub async fn stats(&self) -> Result<InboxStats, Error> {
+    pub async fn stats(&self) -> sqlx::Result<InboxStats> {
         let limit = crate::outbox::COUNT_LIMIT;
         let mut stats = storage::stats(&self.pool, &self.consumer, limit).await?;
         stats.exact = stats.dead < limit;
@@ -354,7 +370,7 @@ impl Inbox {
     /// Deletes inbox records older than `retention`, `batch` rows per statement, and returns
     /// how many were deleted. Keep `retention` longer than any redelivery can arrive: a
     /// message redelivered after its record is gone would be applied again.
-    pub async fn cleanup(&self, retention: Duration, batch: i64) -> Result<u64, Error> {
+    pub async fn cleanup(&self, retention: Duration, batch: i64) -> sqlx::Result<u64> {
         let mut deleted = 0;
         loop {
             let n = storage::delete_older(&self.pool, &self.consumer, retention, batch).await?;

@@ -11,7 +11,7 @@ use serde::Serialize;
 use sqlx::{PgPool, Postgres, Transaction};
 use uuid::Uuid;
 
-use crate::{Error, NewEvent};
+use crate::NewEvent;
 
 /// The PostgreSQL channel relays listen on, notified after commits by
 /// [`crate::Wakeup::across_processes`] and by the operator's retries and skips.
@@ -25,7 +25,7 @@ pub const CHANNEL: &str = "outbox";
 /// the relay's poll finds it. Transactions that enqueue events of the same aggregate are
 /// serialised (a transaction-scoped advisory lock per aggregate), so per aggregate the outbox
 /// order is the commit order.
-pub async fn enqueue(tx: &mut Transaction<'_, Postgres>, event: &NewEvent) -> Result<Uuid, Error> {
+pub async fn enqueue(tx: &mut Transaction<'_, Postgres>, event: &NewEvent) -> sqlx::Result<Uuid> {
     let id = Uuid::now_v7();
     storage::insert(tx, id, event).await?;
     Ok(id)
@@ -39,6 +39,7 @@ pub const COUNT_LIMIT: i64 = 10_000;
 /// A snapshot of the outbox for dashboards and alerts, read in constant time: each count is
 /// exact below [`COUNT_LIMIT`] and stops there.
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[non_exhaustive]
 #[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct OutboxStats {
@@ -55,7 +56,7 @@ pub struct OutboxStats {
 }
 
 /// Reads the current [`OutboxStats`].
-pub async fn stats(pool: &PgPool) -> Result<OutboxStats, Error> {
+pub async fn stats(pool: &PgPool) -> sqlx::Result<OutboxStats> {
     let mut stats = storage::stats(pool, COUNT_LIMIT).await?;
     stats.exact = [stats.pending, stats.dead, stats.parked]
         .iter()
@@ -65,6 +66,7 @@ pub async fn stats(pool: &PgPool) -> Result<OutboxStats, Error> {
 
 /// An event that exhausted its attempts.
 #[derive(Debug, Clone, Serialize)]
+#[non_exhaustive]
 #[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct DeadEvent {
@@ -133,19 +135,19 @@ pub async fn dead(
     filter: &DeadFilter,
     after_seq: i64,
     limit: i64,
-) -> Result<Vec<DeadEvent>, Error> {
-    Ok(storage::dead(pool, filter, after_seq, limit).await?)
+) -> sqlx::Result<Vec<DeadEvent>> {
+    storage::dead(pool, filter, after_seq, limit).await
 }
 
 /// Makes a dead event pending again (attempts reset): it is published, then the events it
 /// held back follow. Returns false when `id` is not a dead event.
-pub async fn retry_dead(pool: &PgPool, id: Uuid) -> Result<bool, Error> {
+pub async fn retry_dead(pool: &PgPool, id: Uuid) -> sqlx::Result<bool> {
     Ok(storage::resolve_dead(pool, Some(id), &DeadFilter::all(), Resolution::Retry).await? == 1)
 }
 
 /// Gives up on a dead event: it stays recorded as `skipped` and the events it held back
 /// follow. Returns false when `id` is not a dead event.
-pub async fn skip_dead(pool: &PgPool, id: Uuid) -> Result<bool, Error> {
+pub async fn skip_dead(pool: &PgPool, id: Uuid) -> sqlx::Result<bool> {
     Ok(storage::resolve_dead(pool, Some(id), &DeadFilter::all(), Resolution::Skip).await? == 1)
 }
 
@@ -153,19 +155,19 @@ pub async fn skip_dead(pool: &PgPool, id: Uuid) -> Result<bool, Error> {
 /// there were. Repeating it is harmless (the events are no longer dead), and so is running it
 /// while relays run: they never touch dead rows, and a row that dies meanwhile is either
 /// retried or left dead, never half of each.
-pub async fn retry_dead_matching(pool: &PgPool, filter: &DeadFilter) -> Result<u64, Error> {
-    Ok(storage::resolve_dead(pool, None, filter, Resolution::Retry).await?)
+pub async fn retry_dead_matching(pool: &PgPool, filter: &DeadFilter) -> sqlx::Result<u64> {
+    storage::resolve_dead(pool, None, filter, Resolution::Retry).await
 }
 
 /// [`skip_dead`] for every dead event matching `filter`, in one statement; returns how many
 /// there were. Safe to repeat and to run beside relays, as [`retry_dead_matching`].
-pub async fn skip_dead_matching(pool: &PgPool, filter: &DeadFilter) -> Result<u64, Error> {
-    Ok(storage::resolve_dead(pool, None, filter, Resolution::Skip).await?)
+pub async fn skip_dead_matching(pool: &PgPool, filter: &DeadFilter) -> sqlx::Result<u64> {
+    storage::resolve_dead(pool, None, filter, Resolution::Skip).await
 }
 
 /// Deletes published and skipped events older than `retention`, `batch` rows per statement.
 /// Returns how many rows were deleted.
-pub async fn cleanup(pool: &PgPool, retention: Duration, batch: i64) -> Result<u64, Error> {
+pub async fn cleanup(pool: &PgPool, retention: Duration, batch: i64) -> sqlx::Result<u64> {
     let mut deleted = 0;
     loop {
         let n = storage::delete_finished(pool, retention, batch).await?;

@@ -39,12 +39,7 @@ impl TestStream {
             name: format!("T{suffix}"),
             jetstream,
         };
-        let spec = StreamSpec {
-            name: stream.name.clone(),
-            subjects: vec![format!("{}.>", stream.prefix)],
-            duplicate_window: Duration::from_secs(120),
-            replicas: 1,
-        };
+        let spec = StreamSpec::new(&stream.name, vec![format!("{}.>", stream.prefix)]);
         ensure_stream(&stream.jetstream, &spec)
             .await
             .expect("stream created");
@@ -58,10 +53,7 @@ impl TestStream {
     /// Relay settings for this stream with fast retries.
     pub fn relay_config(&self) -> RelayConfig {
         let mut config = RelayConfig::new(&self.prefix, "/test");
-        config.backoff = Backoff {
-            base: Duration::ZERO,
-            max: Duration::ZERO,
-        };
+        config.backoff = Backoff::new(Duration::ZERO, Duration::ZERO);
         config.unreachable_backoff = config.backoff;
         config
     }
