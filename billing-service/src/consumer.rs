@@ -28,6 +28,7 @@ use std::time::Duration;
 use async_nats::HeaderMap;
 use async_nats::jetstream::{self, AckKind, consumer::PullConsumer, consumer::pull};
 use futures::StreamExt as _;
+use outbox_core::headers;
 use outbox_core::inbox::{Digest, NewDeadLetter};
 use outbox_core::{BatchError, Inbox, InboxError, Outcome};
 use serde::Deserialize;
@@ -133,10 +134,10 @@ impl Consumer {
             .info()
             .ok()
             .and_then(|info| chrono::DateTime::from_timestamp(info.published.unix_timestamp(), 0));
-        let stamped = header(headers, "ce-time")
+        let stamped = header(headers, headers::TIME)
             .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
             .map(|t| t.to_utc());
-        [("stored in the stream", stored), ("ce-time", stamped)]
+        [("stored in the stream", stored), (headers::TIME, stamped)]
             .into_iter()
             .find_map(|(what, at)| {
                 let at = at?;
@@ -225,7 +226,7 @@ impl Consumer {
                         let key = message
                             .headers
                             .as_ref()
-                            .and_then(|h| header(h, "ce-subject"));
+                            .and_then(|h| header(h, headers::SUBJECT));
                         let lane = hasher.hash_one(key) as usize % lanes.len();
                         // A full lane holds the pull back until it has room.
                         if lanes[lane].send(message).await.is_err() {
@@ -287,8 +288,8 @@ impl Consumer {
             Verdict::Dead(reason) => {
                 let mut letter = NewDeadLetter::new(&message.subject, &message.payload, &reason);
                 // The raw ce-id stays in the headers; the id column holds only a valid one.
-                letter.message_id =
-                    header(&headers, "ce-id").filter(|id| outbox_core::event::is_valid_token(id));
+                letter.message_id = header(&headers, headers::ID)
+                    .filter(|id| outbox_core::event::is_valid_token(id));
                 letter.headers = headers_json(&headers);
                 letter.deliveries = deliveries;
                 match self
@@ -340,15 +341,15 @@ impl InHand {
         let headers = message.headers.clone().unwrap_or_default();
         let span = tracing::info_span!(
             "message",
-            otel.name = format!("process {}", header(&headers, "ce-type").unwrap_or("message")),
+            otel.name = format!("process {}", header(&headers, headers::TYPE).unwrap_or("message")),
             otel.kind = "consumer",
-            messaging.message.id = header(&headers, "ce-id"),
+            messaging.message.id = header(&headers, headers::ID),
             messaging.destination.name = %message.subject,
-            event.type = header(&headers, "ce-type"),
-            trace_id = header(&headers, "traceparent").map(service_kit::http::trace_id),
+            event.type = header(&headers, headers::TYPE),
+            trace_id = header(&headers, headers::TRACEPARENT).map(service_kit::http::trace_id),
             deliveries,
         );
-        service_kit::telemetry::continue_trace(&span, header(&headers, "traceparent"));
+        service_kit::telemetry::continue_trace(&span, header(&headers, headers::TRACEPARENT));
         Self {
             message,
             headers,
@@ -417,7 +418,8 @@ impl Rules {
             Ok(None) => return Err(Verdict::Ack),
             Err(reason) => return Err(Verdict::Dead(reason)),
         };
-        let (Some(id), Some(event_type)) = (header(headers, "ce-id"), header(headers, "ce-type"))
+        let (Some(id), Some(event_type)) =
+            (header(headers, headers::ID), header(headers, headers::TYPE))
         else {
             return Err(Verdict::Dead("missing ce-id".into()));
         };
@@ -575,12 +577,12 @@ const MAX_BODY: usize = 1024 * 1024;
 /// The change a message asks for: `None` for event types billing does not handle.
 fn parse(headers: &HeaderMap, payload: &[u8]) -> Result<Option<Change>, String> {
     // Two values of one of these would leave the message's identity or meaning ambiguous.
-    for name in ["ce-id", "ce-type"] {
+    for name in [headers::ID, headers::TYPE] {
         if headers.get_all(name).count() > 1 {
             return Err(format!("{name} appears more than once"));
         }
     }
-    let Some(event_type) = header(headers, "ce-type") else {
+    let Some(event_type) = header(headers, headers::TYPE) else {
         return Err("missing ce-type".into());
     };
     if !matches!(event_type, "OrderPlaced" | "OrderPaid") {
@@ -588,7 +590,7 @@ fn parse(headers: &HeaderMap, payload: &[u8]) -> Result<Option<Change>, String> 
     }
     // The inbox key: anything else (empty, oversized, a NUL byte) could not be told apart from
     // another message's id, or could not be stored at all.
-    match header(headers, "ce-id") {
+    match header(headers, headers::ID) {
         None => return Err("missing ce-id".into()),
         Some(id) if !outbox_core::event::is_valid_token(id) => {
             return Err(format!(
@@ -687,8 +689,8 @@ mod tests {
 
     fn headers(event_type: &str) -> HeaderMap {
         let mut headers = HeaderMap::new();
-        headers.insert("ce-id", "0193a0c4-7d1e-7c3b-9f1a-1b2c3d4e5f60");
-        headers.insert("ce-type", event_type);
+        headers.insert(headers::ID, "0193a0c4-7d1e-7c3b-9f1a-1b2c3d4e5f60");
+        headers.insert(headers::TYPE, event_type);
         headers
     }
 
@@ -772,7 +774,7 @@ mod tests {
     #[test]
     fn repeated_identity_headers_and_huge_bodies_are_refused() {
         let placed = br#"{"orderId":"o1","totalMinor":5}"#;
-        for name in ["ce-id", "ce-type"] {
+        for name in [headers::ID, headers::TYPE] {
             let mut twice = headers("OrderPlaced");
             twice.append(name, "OrderPaid");
             let error = parse(&twice, placed).unwrap_err();

@@ -6,6 +6,7 @@ use std::time::Duration;
 use async_nats::HeaderMap;
 use billing_service::{App, Config};
 use bytes::Bytes;
+use outbox_core::headers;
 use serde_json::{Value, json};
 use service_kit::testing::{self, Running, eventually};
 use sqlx::PgPool;
@@ -68,11 +69,11 @@ impl TestApp {
     /// Publishes a message as the relay would, with `ce-id` = `id`.
     async fn publish(&self, id: &str, event_type: &str, order_id: &str, body: impl Into<Bytes>) {
         let mut headers = HeaderMap::new();
-        headers.insert("ce-specversion", "1.0");
-        headers.insert("ce-id", id);
-        headers.insert("ce-type", event_type);
-        headers.insert("ce-source", "/test");
-        headers.insert("ce-subject", order_id);
+        headers.insert(headers::SPECVERSION, "1.0");
+        headers.insert(headers::ID, id);
+        headers.insert(headers::TYPE, event_type);
+        headers.insert(headers::SOURCE, "/test");
+        headers.insert(headers::SUBJECT, order_id);
         // A fresh Nats-Msg-Id so the broker does not drop deliberate duplicates.
         headers.insert("Nats-Msg-Id", uuid::Uuid::new_v4().to_string().as_str());
         let subject = format!("{}.{event_type}.{order_id}", self.prefix);
@@ -455,8 +456,8 @@ async fn publish_hostile_list(app: &TestApp) {
     };
     let with_id = |id: &str| {
         let mut headers = HeaderMap::new();
-        headers.insert("ce-type", "OrderPlaced");
-        headers.insert("ce-id", id);
+        headers.insert(headers::TYPE, "OrderPlaced");
+        headers.insert(headers::ID, id);
         headers
     };
     let long_id = "a".repeat(3000);
@@ -473,7 +474,7 @@ async fn publish_hostile_list(app: &TestApp) {
     publish_raw(with_id("m-utf8"), "h-utf8", vec![b'{', 0xff, 0xfe, b'}']).await;
     let mut repeated = with_id("m-repeated");
     for _ in 0..1000 {
-        repeated.append("ce-type", "OrderPlaced");
+        repeated.append(headers::TYPE, "OrderPlaced");
     }
     publish_raw(repeated, "h-repeated", placed("h-repeated", 100)).await;
     // What no client library lets a producer send: bytes that are not UTF-8 in the subject and
@@ -620,8 +621,8 @@ async fn only_not_yet_outcomes_count_toward_a_dead_letter() {
     );
     let message = |id: &str, event_type: &str| {
         let mut headers = HeaderMap::new();
-        headers.insert("ce-id", id);
-        headers.insert("ce-type", event_type);
+        headers.insert(headers::ID, id);
+        headers.insert(headers::TYPE, event_type);
         headers
     };
     let (paid, placed_body) = (message("m-paid", "OrderPaid"), placed("o-wait", 250));
@@ -668,9 +669,9 @@ async fn a_message_older_than_the_inbox_retention_is_not_applied() {
         - chrono::Duration::from_std(retention).unwrap()
         - chrono::Duration::hours(1);
     let mut headers = HeaderMap::new();
-    headers.insert("ce-id", "m-old");
-    headers.insert("ce-type", "OrderPlaced");
-    headers.insert("ce-time", old.to_rfc3339().as_str());
+    headers.insert(headers::ID, "m-old");
+    headers.insert(headers::TYPE, "OrderPlaced");
+    headers.insert(headers::TIME, old.to_rfc3339().as_str());
     headers.insert("Nats-Msg-Id", "m-old");
     let subject = format!("{}.OrderPlaced.o-old", app.prefix);
     let ack = app

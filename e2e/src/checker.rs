@@ -5,6 +5,7 @@ use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use futures::StreamExt as _;
+use outbox_core::headers;
 use sqlx::PgPool;
 
 use crate::load::Ledger;
@@ -246,14 +247,14 @@ async fn check_stream(
                 .map(|v| v.as_str().to_owned())
                 .unwrap_or_default()
         };
-        if !seen.insert(header("ce-id")) {
+        if !seen.insert(header(headers::ID)) {
             duplicates += 1;
             continue;
         }
         events
-            .entry(header("ce-subject"))
+            .entry(header(headers::SUBJECT))
             .or_default()
-            .push(header("ce-type"));
+            .push(header(headers::TYPE));
     }
     let violations = events
         .values()

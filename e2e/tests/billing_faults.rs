@@ -9,6 +9,7 @@ use async_nats::jetstream::{self, Context};
 use e2e::process::NatsServer;
 use e2e::proxy::Proxy;
 use e2e::{Names, RunningApp, eventually};
+use outbox_core::headers;
 use serde_json::json;
 use service_kit::testing;
 use sqlx::{ConnectOptions as _, PgPool};
@@ -25,10 +26,10 @@ async fn publish(
 ) {
     let id = uuid::Uuid::now_v7().to_string();
     let mut headers = HeaderMap::new();
-    headers.insert("ce-specversion", "1.0");
-    headers.insert("ce-id", id.as_str());
-    headers.insert("ce-type", event_type);
-    headers.insert("ce-subject", order_id);
+    headers.insert(headers::SPECVERSION, "1.0");
+    headers.insert(headers::ID, id.as_str());
+    headers.insert(headers::TYPE, event_type);
+    headers.insert(headers::SUBJECT, order_id);
     headers.insert("Nats-Msg-Id", id.as_str());
     let subject = format!("{prefix}.{event_type}.{order_id}");
     let ack = jetstream

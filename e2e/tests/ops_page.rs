@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use async_nats::jetstream;
 use e2e::{Names, RunningApp, eventually};
+use outbox_core::headers;
 use serde_json::{Value, json};
 use service_kit::testing;
 
@@ -190,8 +191,8 @@ async fn billing_ops_page_skips_a_dead_letter() {
     let js = jetstream::new(async_nats::connect(testing::nats_url()).await.unwrap());
     for (id, order) in [("m-ops-poison", "o-ops-2"), ("m-ops-poison-2", "o-ops-3")] {
         let mut headers = async_nats::HeaderMap::new();
-        headers.insert("ce-id", id);
-        headers.insert("ce-type", "OrderPlaced");
+        headers.insert(headers::ID, id);
+        headers.insert(headers::TYPE, "OrderPlaced");
         headers.insert("Nats-Msg-Id", id);
         js.publish_with_headers(
             format!("{}.OrderPlaced.{order}", names.prefix),

@@ -11,6 +11,7 @@
 //! - [`event`]: the event a caller enqueues, and the rules its names follow;
 //! - [`outbox`]: [`enqueue`] in the caller's transaction, stats, dead letters and cleanup;
 //! - [`relay`]: the background task that claims pending rows and publishes them;
+//! - [`headers`]: the NATS header names of a relayed message (CloudEvents, trace context);
 //! - [`publisher`]: the [`Publisher`] trait and its JetStream implementation, stream set-up;
 //! - [`inbox`]: at-most-once effects per consumer, stats, dead letters and cleanup;
 //! - [`cleanup`]: the background task that deletes finished rows after their retention;
@@ -33,6 +34,7 @@ pub mod backoff;
 pub mod cleanup;
 pub mod error;
 pub mod event;
+pub mod headers;
 pub mod inbox;
 pub mod migrate;
 pub mod outbox;

@@ -28,7 +28,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::outbox::storage::{self, Claimed};
-use crate::{Backoff, Message, Publisher, Wakeup};
+use crate::{Backoff, Message, Publisher, Wakeup, headers};
 
 /// How the relay runs.
 #[derive(Debug, Clone)]
@@ -482,14 +482,14 @@ impl<P: Publisher> Relay<P> {
         // Header names are built once, at compile time; values are moved in where they are
         // already owned strings: this runs for every event, and allocating and copying were
         // about a quarter of the relay's CPU time.
-        const SPECVERSION: HeaderName = HeaderName::from_static("ce-specversion");
-        const ID: HeaderName = HeaderName::from_static("ce-id");
-        const TYPE: HeaderName = HeaderName::from_static("ce-type");
-        const SOURCE: HeaderName = HeaderName::from_static("ce-source");
-        const SUBJECT: HeaderName = HeaderName::from_static("ce-subject");
-        const TIME: HeaderName = HeaderName::from_static("ce-time");
-        const CONTENT_TYPE: HeaderName = HeaderName::from_static("content-type");
-        const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
+        const SPECVERSION: HeaderName = HeaderName::from_static(headers::SPECVERSION);
+        const ID: HeaderName = HeaderName::from_static(headers::ID);
+        const TYPE: HeaderName = HeaderName::from_static(headers::TYPE);
+        const SOURCE: HeaderName = HeaderName::from_static(headers::SOURCE);
+        const SUBJECT: HeaderName = HeaderName::from_static(headers::SUBJECT);
+        const TIME: HeaderName = HeaderName::from_static(headers::TIME);
+        const CONTENT_TYPE: HeaderName = HeaderName::from_static(headers::CONTENT_TYPE);
+        const TRACEPARENT: HeaderName = HeaderName::from_static(headers::TRACEPARENT);
         let mut headers = HeaderMap::new();
         headers.insert(SPECVERSION, "1.0");
         headers.insert(ID, HeaderValue::from(row.id.to_string()));

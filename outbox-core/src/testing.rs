@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use tokio::sync::Barrier;
 
-use crate::{Message, PublishError, Publisher};
+use crate::{Message, PublishError, Publisher, headers};
 
 /// What happens to one publish.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -126,7 +126,7 @@ impl<P: Publisher> FaultyPublisher<P> {
     fn fault_for(&self, message: &Message) -> Option<Fault> {
         let aggregate = message
             .headers
-            .get("ce-subject")
+            .get(headers::SUBJECT)
             .map(|v| v.as_str().to_owned())?;
         let mut state = self.state();
         if state.always.contains(&aggregate) {

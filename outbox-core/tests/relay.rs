@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::{TestStream, enqueue, eventually, migrate};
+use outbox_core::headers;
 use outbox_core::inbox::Digest;
 use outbox_core::outbox::DeadFilter;
 use outbox_core::testing::{Fault, FaultyPublisher, InFlight};
@@ -471,14 +472,14 @@ async fn messages_carry_cloudevents_headers(pool: PgPool) {
         format!("{}.OrderPlaced.o9", stream.prefix)
     );
     let header = |name: &str| message.headers.get(name).map(|v| v.as_str().to_owned());
-    assert_eq!(header("ce-specversion").as_deref(), Some("1.0"));
-    assert_eq!(header("ce-id"), Some(id.to_string()));
+    assert_eq!(header(headers::SPECVERSION).as_deref(), Some("1.0"));
+    assert_eq!(header(headers::ID), Some(id.to_string()));
     assert_eq!(header("Nats-Msg-Id"), Some(id.to_string()));
-    assert_eq!(header("ce-type").as_deref(), Some("OrderPlaced"));
-    assert_eq!(header("ce-source").as_deref(), Some("/test"));
-    assert_eq!(header("ce-subject").as_deref(), Some("o9"));
-    assert!(chrono::DateTime::parse_from_rfc3339(&header("ce-time").unwrap()).is_ok());
-    assert_eq!(header("traceparent").as_deref(), Some(traceparent));
+    assert_eq!(header(headers::TYPE).as_deref(), Some("OrderPlaced"));
+    assert_eq!(header(headers::SOURCE).as_deref(), Some("/test"));
+    assert_eq!(header(headers::SUBJECT).as_deref(), Some("o9"));
+    assert!(chrono::DateTime::parse_from_rfc3339(&header(headers::TIME).unwrap()).is_ok());
+    assert_eq!(header(headers::TRACEPARENT).as_deref(), Some(traceparent));
     let body: serde_json::Value = serde_json::from_slice(&message.payload).unwrap();
     assert_eq!(body, json!({"orderId": "o9"}));
     stream.delete().await;

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use async_nats::HeaderMap;
 use chrono::{DateTime, Utc};
+use outbox_core::headers;
 use service_kit::testing;
 use sqlx::PgPool;
 
@@ -26,10 +27,10 @@ pub async fn drain(messages: usize, apply_batch: Option<usize>) -> anyhow::Resul
         (0..messages).map(|i| {
             let id = uuid::Uuid::now_v7().to_string();
             let mut headers = HeaderMap::new();
-            headers.insert("ce-specversion", "1.0");
-            headers.insert("ce-id", id.as_str());
-            headers.insert("ce-type", "OrderPlaced");
-            headers.insert("ce-subject", format!("b{i}").as_str());
+            headers.insert(headers::SPECVERSION, "1.0");
+            headers.insert(headers::ID, id.as_str());
+            headers.insert(headers::TYPE, "OrderPlaced");
+            headers.insert(headers::SUBJECT, format!("b{i}").as_str());
             headers.insert("Nats-Msg-Id", id.as_str());
             let subject = format!("{prefix}.OrderPlaced.b{i}");
             let body = format!(

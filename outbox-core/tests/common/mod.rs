@@ -7,6 +7,7 @@ use std::future::Future;
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream::{self, stream::Stream};
+use outbox_core::headers;
 use outbox_core::publisher::{StreamSpec, ensure_stream};
 use outbox_core::{Backoff, JetStreamPublisher, NewEvent, RelayConfig};
 use sqlx::PgPool;
@@ -79,7 +80,11 @@ impl TestStream {
                     .map(|v| v.as_str().to_owned())
                     .unwrap_or_default()
             };
-            out.push((header("ce-subject"), header("ce-type"), header("ce-id")));
+            out.push((
+                header(headers::SUBJECT),
+                header(headers::TYPE),
+                header(headers::ID),
+            ));
         }
         out
     }
