@@ -44,6 +44,11 @@ pub mod relay;
 pub mod testing;
 pub mod wakeup;
 
+/// The README's code blocks, compiled as doctests so that the walk-through stays true.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
+
 pub use backoff::Backoff;
 pub use cleanup::Cleanup;
 pub use error::{Error, EventError, MigrateError, PublishError, StreamError};

@@ -1,0 +1,173 @@
+//! A service that adopts outbox-core, in one file. `POST /greetings {"name": "Ada"}` saves a
+//! greeting and its event in one transaction; the relay beside the handler publishes the event
+//! to JetStream; a consumer counts greetings per name through the inbox, once per event however
+//! often it is delivered (the count is not idempotent: the inbox is what keeps it right).
+//!
+//! ```text
+//! DATABASE_URL=postgres://postgres@127.0.0.1/postgres NATS_URL=nats://127.0.0.1:4222 \
+//!     cargo run -p outbox-core --example greetings
+//! curl localhost:3000/greetings -H 'content-type: application/json' -d '{"name":"Ada"}'
+//! ```
+
+use std::time::Duration;
+
+use async_nats::jetstream::{self, AckKind, consumer::PullConsumer, consumer::pull};
+use axum::{Json, Router, extract::State, http::StatusCode, routing::post};
+use futures::StreamExt as _;
+use outbox_core::inbox::{Digest, NewDeadLetter};
+use outbox_core::publisher::{StreamSpec, ensure_stream};
+use outbox_core::{Inbox, JetStreamPublisher, NewEvent, Outcome, Relay, RelayConfig, Wakeup};
+use serde::{Deserialize, Serialize};
+use sqlx::PgPool;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+#[derive(Debug, Deserialize, Serialize)]
+struct Greeting {
+    name: String,
+}
+
+#[derive(Debug, Clone)]
+struct App {
+    pool: PgPool,
+    wakeup: Wakeup,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let pool = PgPool::connect(&std::env::var("DATABASE_URL")?).await?;
+    let nats = async_nats::connect(std::env::var("NATS_URL")?).await?;
+    let listener = TcpListener::bind("127.0.0.1:3000").await?;
+    let shutdown = CancellationToken::new();
+    let on_ctrl_c = shutdown.clone();
+    tokio::spawn(async move {
+        let _ = tokio::signal::ctrl_c().await;
+        on_ctrl_c.cancel();
+    });
+    run(pool, nats, listener, "greetings".into(), shutdown).await
+}
+
+/// Creates the tables and the stream, then serves `listener` and runs the relay and the
+/// consumer until `shutdown`. `prefix` names the subjects; the stream is the prefix in capitals.
+pub async fn run(
+    pool: PgPool,
+    nats: async_nats::Client,
+    listener: TcpListener,
+    prefix: String,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    outbox_core::migrate::outbox(&pool).await?;
+    outbox_core::migrate::inbox(&pool).await?;
+    sqlx::raw_sql(TABLES).execute(&pool).await?;
+    let jetstream = jetstream::new(nats);
+    let stream = prefix.to_uppercase();
+    let spec = StreamSpec::new(&stream, vec![format!("{prefix}.>")]);
+    ensure_stream(&jetstream, &spec).await?;
+
+    // The producer's half: the relay publishes what the handler commits, woken by the commit.
+    let wakeup = Wakeup::in_process();
+    let publisher = JetStreamPublisher::new(jetstream.clone());
+    let config = RelayConfig::new(prefix, "/greetings");
+    let relay = Relay::new(pool.clone(), publisher, config).with_wakeup(&wakeup);
+    let relay = tokio::spawn(relay.run(shutdown.clone()));
+
+    // The consumer's half: a durable pull consumer whose messages go through the inbox.
+    let config = pull::Config {
+        durable_name: Some("counter".into()),
+        ..Default::default()
+    };
+    let stream = jetstream.get_stream(&stream).await?;
+    let consumer = stream.get_or_create_consumer("counter", config).await?;
+    let inbox = Inbox::new(pool.clone(), "counter");
+    let consumer = tokio::spawn(consume(consumer, inbox, shutdown.clone()));
+
+    let app = Router::new()
+        .route("/greetings", post(greet))
+        .with_state(App { pool, wakeup });
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown.cancelled_owned())
+        .await?;
+    relay.await?;
+    consumer.await?
+}
+
+/// Saves the greeting and its event in one transaction; committing wakes the relay.
+async fn greet(State(app): State<App>, Json(greeting): Json<Greeting>) -> StatusCode {
+    let id = uuid::Uuid::now_v7();
+    let Ok(event) = NewEvent::new("greeting", id.to_string(), "Greeted", &greeting) else {
+        return StatusCode::UNPROCESSABLE_ENTITY;
+    };
+    let saved: sqlx::Result<()> = async {
+        let mut tx = app.pool.begin().await?;
+        sqlx::query("INSERT INTO greetings (id, name) VALUES ($1, $2)")
+            .bind(id)
+            .bind(&greeting.name)
+            .execute(&mut *tx)
+            .await?;
+        outbox_core::enqueue(&mut tx, &event).await?;
+        outbox_core::commit(tx, &app.wakeup).await
+    }
+    .await;
+    match saved {
+        Ok(()) => StatusCode::CREATED,
+        Err(error) => {
+            eprintln!("saving a greeting failed: {error}");
+            StatusCode::INTERNAL_SERVER_ERROR
+        }
+    }
+}
+
+/// Acknowledges each message once it is applied or kept as a dead letter.
+async fn consume(
+    consumer: PullConsumer,
+    inbox: Inbox,
+    stop: CancellationToken,
+) -> anyhow::Result<()> {
+    let mut messages = consumer.messages().await?;
+    while let Some(message) =
+        tokio::select! { m = messages.next() => m, () = stop.cancelled() => None }
+    {
+        let message = message.map_err(|e| anyhow::anyhow!(e))?;
+        let ack = apply(&inbox, &message).await?;
+        message
+            .ack_with(ack)
+            .await
+            .map_err(|e| anyhow::anyhow!(e))?;
+    }
+    Ok(())
+}
+
+/// Counts the greeting once: the inbox records the message's `ce-id` in the transaction that
+/// updates the count, so a redelivered copy finds the record and changes nothing.
+async fn apply(inbox: &Inbox, message: &jetstream::Message) -> anyhow::Result<AckKind> {
+    let id = message
+        .headers
+        .as_ref()
+        .and_then(|h| h.get(outbox_core::headers::ID));
+    let rejected = match (id, serde_json::from_slice::<Greeting>(&message.payload)) {
+        (Some(id), Ok(Greeting { name })) => {
+            let digest = Digest::of(&[&message.payload]);
+            let outcome = inbox.process(id.as_str(), &digest, |conn| {
+                Box::pin(sqlx::query(COUNT).bind(name).execute(conn))
+            });
+            match outcome.await {
+                Ok(Outcome::Processed(_) | Outcome::Duplicate) => None,
+                Ok(Outcome::IdReused) => Some("its id was used before by another message"),
+                // Nothing was recorded: the broker delivers it again.
+                Err(_) => return Ok(AckKind::Nak(Some(Duration::from_secs(1)))),
+            }
+        }
+        _ => Some("not a greeting"),
+    };
+    if let Some(reason) = rejected {
+        // Never applicable: kept for an operator (`Inbox::dead_letters`), not redelivered.
+        let letter = NewDeadLetter::new(&message.subject, &message.payload, reason);
+        inbox.dead_letter(letter).await?;
+    }
+    Ok(AckKind::Ack)
+}
+
+const TABLES: &str = "CREATE TABLE IF NOT EXISTS greetings (id uuid PRIMARY KEY, name text);
+    CREATE TABLE IF NOT EXISTS greeting_counts (name text PRIMARY KEY, count bigint NOT NULL)";
+const COUNT: &str = "INSERT INTO greeting_counts (name, count) VALUES ($1, 1)
+    ON CONFLICT (name) DO UPDATE SET count = greeting_counts.count + 1";
