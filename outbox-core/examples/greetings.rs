@@ -16,7 +16,9 @@ use axum::{Json, Router, extract::State, http::StatusCode, routing::post};
 use futures::StreamExt as _;
 use outbox_core::inbox::{Digest, NewDeadLetter};
 use outbox_core::publisher::{StreamSpec, ensure_stream};
-use outbox_core::{Inbox, JetStreamPublisher, NewEvent, Outcome, Relay, RelayConfig, Wakeup};
+use outbox_core::{
+    Inbox, InboxError, JetStreamPublisher, NewEvent, Outcome, Relay, RelayConfig, Wakeup,
+};
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 use tokio::net::TcpListener;
@@ -117,7 +119,8 @@ async fn greet(State(app): State<App>, Json(greeting): Json<Greeting>) -> Status
     }
 }
 
-/// Acknowledges each message once it is applied or kept as a dead letter.
+/// Acknowledges each message once it is applied or kept as a dead letter; a message that
+/// failed otherwise is delivered again.
 async fn consume(
     consumer: PullConsumer,
     inbox: Inbox,
@@ -127,12 +130,16 @@ async fn consume(
     while let Some(message) =
         tokio::select! { m = messages.next() => m, () = stop.cancelled() => None }
     {
-        let message = message.map_err(|e| anyhow::anyhow!(e))?;
-        let ack = apply(&inbox, &message).await?;
-        message
-            .ack_with(ack)
-            .await
-            .map_err(|e| anyhow::anyhow!(e))?;
+        // An error here (a missed heartbeat) is the client's to recover from: the stream goes on.
+        let Ok(message) = message else { continue };
+        let ack = apply(&inbox, &message).await.unwrap_or_else(|error| {
+            eprintln!("applying a message failed: {error:#}");
+            AckKind::Nak(Some(Duration::from_secs(1)))
+        });
+        if let Err(error) = message.ack_with(ack).await {
+            // Delivered again after the ack wait, and then a duplicate if it was applied.
+            eprintln!("acknowledging a message failed: {error}");
+        }
     }
     Ok(())
 }
@@ -140,31 +147,46 @@ async fn consume(
 /// Counts the greeting once: the inbox records the message's `ce-id` in the transaction that
 /// updates the count, so a redelivered copy finds the record and changes nothing.
 async fn apply(inbox: &Inbox, message: &jetstream::Message) -> anyhow::Result<AckKind> {
-    let id = message
-        .headers
-        .as_ref()
-        .and_then(|h| h.get(outbox_core::headers::ID));
+    let headers = message.headers.as_ref();
+    let id = headers
+        .and_then(|h| h.get(outbox_core::headers::ID))
+        .map(async_nats::HeaderValue::as_str);
+    let id = id.filter(|id| outbox_core::event::is_valid_token(id));
     let rejected = match (id, serde_json::from_slice::<Greeting>(&message.payload)) {
         (Some(id), Ok(Greeting { name })) => {
             let digest = Digest::of(&[&message.payload]);
-            let outcome = inbox.process(id.as_str(), &digest, |conn| {
+            let outcome = inbox.process(id, &digest, |conn| {
                 Box::pin(sqlx::query(COUNT).bind(name).execute(conn))
             });
             match outcome.await {
                 Ok(Outcome::Processed(_) | Outcome::Duplicate) => None,
                 Ok(Outcome::IdReused) => Some("its id was used before by another message"),
-                // Nothing was recorded: the broker delivers it again.
-                Err(_) => return Ok(AckKind::Nak(Some(Duration::from_secs(1)))),
+                Err(error) if refused_for_good(&error) => Some("PostgreSQL refuses its data"),
+                Err(error) => return Err(error.into()),
             }
         }
-        _ => Some("not a greeting"),
+        (None, _) => Some("no valid ce-id"),
+        (Some(_), Err(_)) => Some("not a greeting"),
     };
     if let Some(reason) = rejected {
-        // Never applicable: kept for an operator (`Inbox::dead_letters`), not redelivered.
-        let letter = NewDeadLetter::new(&message.subject, &message.payload, reason);
+        // Never applicable: kept for an operator (`Inbox::dead`), not delivered again.
+        let mut letter = NewDeadLetter::new(&message.subject, &message.payload, reason);
+        letter.message_id = id;
         inbox.dead_letter(letter).await?;
     }
     Ok(AckKind::Ack)
+}
+
+/// Whether PostgreSQL refused the message's data itself (SQLSTATE classes 22, data exception,
+/// and 54, a value over a limit): delivering it again cannot help.
+fn refused_for_good(error: &InboxError<sqlx::Error>) -> bool {
+    let (InboxError::Effect(error) | InboxError::Database(error)) = error else {
+        return false;
+    };
+    let code = error
+        .as_database_error()
+        .and_then(sqlx::error::DatabaseError::code);
+    code.is_some_and(|code| code.starts_with("22") || code.starts_with("54"))
 }
 
 const TABLES: &str = "CREATE TABLE IF NOT EXISTS greetings (id uuid PRIMARY KEY, name text);

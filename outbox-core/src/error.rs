@@ -1,5 +1,6 @@
 //! The errors of the crate's operations: each returns the type that names exactly what can go
-//! wrong in it, and [`Error`] gathers them for an application that handles them together.
+//! wrong in it, and [`Error`] gathers the set-up and producer ones for an application that
+//! handles them together.
 //!
 //! Operations that only run SQL (enqueue, stats, dead letters, cleanup, a relay pass) return
 //! [`sqlx::Error`] itself.
@@ -9,8 +10,10 @@ use std::error::Error as StdError;
 /// A boxed error that keeps its cause chain.
 pub(crate) type BoxError = Box<dyn StdError + Send + Sync + 'static>;
 
-/// Any error of this crate, for an application that handles them together: each operation's
-/// own error converts into it with `?`.
+/// The errors of the crate's set-up and producer operations, for an application that handles
+/// them together: each converts into it with `?`. (The inbox's and the publisher's errors,
+/// [`crate::InboxError`], [`crate::BatchError`] and [`PublishError`], carry the caller's own
+/// error or a per-message outcome and stay apart.)
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {

@@ -82,8 +82,19 @@ async fn the_example_service_counts_each_greeting_once(pool: PgPool) {
         .unwrap()
         .await
         .unwrap();
-    // Messages are applied in stream order: once a greeting posted after the copy is counted,
-    // the copy was handled.
+    let mut not_a_greeting = async_nats::HeaderMap::new();
+    not_a_greeting.insert(
+        outbox_core::headers::ID,
+        uuid::Uuid::new_v4().to_string().as_str(),
+    );
+    jetstream
+        .publish_with_headers(format!("{prefix}.Greeted.x"), not_a_greeting, "{}".into())
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    // Messages are applied in stream order: once a greeting posted after the copy and the
+    // stray message is counted, both were handled.
     assert_eq!(greet("Edsger").await.unwrap().status(), 201);
     eventually("Edsger counted", Duration::from_secs(30), || async {
         (count(&pool, "Edsger").await == 1).then_some(())
@@ -91,16 +102,27 @@ async fn the_example_service_counts_each_greeting_once(pool: PgPool) {
     .await;
     assert_eq!(
         stream.info().await.unwrap().state.messages,
-        5,
+        6,
         "the copy is in the stream"
     );
     assert_eq!(count(&pool, "Ada").await, 2, "the copy counted again");
     assert_eq!(count(&pool, "Grace").await, 1);
-    let dead: i64 = sqlx::query_scalar("SELECT count(*) FROM inbox_dead")
-        .fetch_one(&pool)
+    let inbox = outbox_core::Inbox::new(pool.clone(), "counter");
+    assert_eq!(
+        inbox.stats().await.unwrap().duplicate,
+        1,
+        "the copy is a duplicate"
+    );
+    let dead = inbox
+        .dead(&outbox_core::inbox::DeadLetterFilter::all(), 0, 10)
         .await
         .unwrap();
-    assert_eq!(dead, 0, "a copy is not a dead letter");
+    let reasons: Vec<&str> = dead.iter().map(|letter| letter.error.as_str()).collect();
+    assert_eq!(
+        reasons,
+        ["not a greeting"],
+        "only the stray message is a dead letter"
+    );
 
     shutdown.cancel();
     service.await.unwrap().unwrap();

@@ -71,15 +71,18 @@ pub(crate) async fn lease(conn: &mut PgConnection, lease: Duration) -> sqlx::Res
 /// elsewhere) make the planner expect a handful of pending rows and pick a bitmap scan of all of
 /// them, sorted, which costs O(backlog) per claim: a relay that falls behind then falls further
 /// behind. Sorting is priced out, so the ordered index scan is the only cheap way to the limit;
-/// the price would pull the claim over `jit_above_cost`, so JIT is off too.
+/// the price would pull the claim over `jit_above_cost`, so JIT is off too. The settings hold
+/// for the whole transaction: only the relay's statements run in it.
 pub(crate) async fn begin_claim(
     pool: &PgPool,
     lease: Duration,
 ) -> sqlx::Result<Transaction<'static, Postgres>> {
+    // In the range PostgreSQL takes: a failed SET would leave the pooled connection in an
+    // aborted transaction, and 0 would switch the lease off.
+    let lease_ms = lease.as_millis().clamp(1, i32::MAX.unsigned_abs().into());
     pool.begin_with(AssertSqlSafe(format!(
-        "BEGIN; SET LOCAL idle_in_transaction_session_timeout = '{}ms'; \
-         SET LOCAL enable_sort = off; SET LOCAL enable_bitmapscan = off; SET LOCAL jit = off",
-        lease.as_millis()
+        "BEGIN; SET LOCAL idle_in_transaction_session_timeout = '{lease_ms}ms'; \
+         SET LOCAL enable_sort = off; SET LOCAL enable_bitmapscan = off; SET LOCAL jit = off"
     )))
     .await
 }
@@ -349,6 +352,11 @@ mod tests {
         pool: PgPool,
     ) {
         crate::migrate::outbox(&pool).await.unwrap();
+        // Kept stale: autovacuum analysing the loaded table would make any plan cheap.
+        sqlx::query("ALTER TABLE outbox SET (autovacuum_enabled = off)")
+            .execute(&pool)
+            .await
+            .unwrap();
         sqlx::query("ANALYZE outbox").execute(&pool).await.unwrap();
         let backlog = 100_000;
         sqlx::query(
