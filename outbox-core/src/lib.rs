@@ -10,7 +10,9 @@
 //! Modules:
 //! - [`event`]: the event a caller enqueues, and the rules its names follow;
 //! - [`outbox`]: [`enqueue`] in the caller's transaction, stats, dead letters and cleanup;
-//! - [`relay`]: the background task that claims pending rows and publishes them;
+//! - [`relay`]: the background task that claims pending rows and publishes them; its module
+//!   doc names every mechanism that keeps each aggregate's events in order, and its `storage`
+//!   holds the relay's SQL (the claim among it);
 //! - [`headers`]: the NATS header names of a relayed message (CloudEvents, trace context);
 //! - [`publisher`]: the [`Publisher`] trait and its JetStream implementation, stream set-up;
 //! - [`inbox`]: at-most-once effects per consumer, stats, dead letters and cleanup;

@@ -2,28 +2,11 @@
 
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
-use sqlx::{AssertSqlSafe, PgConnection, PgPool, Postgres, Transaction};
+use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
 use super::{DeadEvent, DeadFilter, OutboxStats};
 use crate::NewEvent;
-
-/// A claimed row, ready to publish.
-#[derive(Debug)]
-pub(crate) struct Claimed {
-    pub(crate) seq: i64,
-    pub(crate) id: Uuid,
-    pub(crate) aggregate_type: String,
-    pub(crate) aggregate_id: String,
-    pub(crate) event_type: String,
-    pub(crate) payload: String,
-    pub(crate) traceparent: Option<String>,
-    pub(crate) attempts: i32,
-    pub(crate) created_at: DateTime<Utc>,
-    /// An earlier event of its aggregate is not in the same claim: it must wait.
-    pub(crate) held_back: bool,
-}
 
 /// Inserts one event after taking the per-aggregate advisory lock held until commit.
 pub(crate) async fn insert(
@@ -49,150 +32,6 @@ pub(crate) async fn insert(
     .execute(conn)
     .await?;
     Ok(())
-}
-
-/// Has PostgreSQL end this session should it stay idle in the current transaction longer
-/// than `lease`, which rolls the transaction back and lets its row locks go; as any statement
-/// does, it also starts the idle time again.
-pub(crate) async fn lease(conn: &mut PgConnection, lease: Duration) -> sqlx::Result<()> {
-    let timeout = format!("{}ms", lease.as_millis());
-    sqlx::query_scalar!(
-        "SELECT set_config('idle_in_transaction_session_timeout', $1, true)",
-        timeout,
-    )
-    .fetch_one(conn)
-    .await?;
-    Ok(())
-}
-
-/// Begins a claim's transaction, in one round trip with its settings: the [`lease`], and a plan
-/// for [`claim`] that walks the pending index in seq order and stops at its limit whatever the
-/// statistics say. Statistics taken while the outbox was empty (a new database; autovacuum busy
-/// elsewhere) make the planner expect a handful of pending rows and pick a bitmap scan of all of
-/// them, sorted, which costs O(backlog) per claim: a relay that falls behind then falls further
-/// behind. Sorting is priced out, so the ordered index scan is the only cheap way to the limit;
-/// the price would pull the claim over `jit_above_cost`, so JIT is off too. The settings hold
-/// for the whole transaction: only the relay's statements run in it.
-pub(crate) async fn begin_claim(
-    pool: &PgPool,
-    lease: Duration,
-) -> sqlx::Result<Transaction<'static, Postgres>> {
-    // In the range PostgreSQL takes: a failed SET would leave the pooled connection in an
-    // aborted transaction, and 0 would switch the lease off.
-    let lease_ms = lease.as_millis().clamp(1, i32::MAX.unsigned_abs().into());
-    pool.begin_with(AssertSqlSafe(format!(
-        "BEGIN; SET LOCAL idle_in_transaction_session_timeout = '{lease_ms}ms'; \
-         SET LOCAL enable_sort = off; SET LOCAL enable_bitmapscan = off; SET LOCAL jit = off"
-    )))
-    .await
-}
-
-/// Locks up to `limit` due pending rows (skipping rows other relays hold) and returns them in
-/// seq order, each marked `held_back` unless it heads its aggregate: every earlier unpublished
-/// event of the aggregate is in the same claim. Runs in a [`begin_claim`] transaction.
-pub(crate) async fn claim(conn: &mut PgConnection, limit: i64) -> sqlx::Result<Vec<Claimed>> {
-    sqlx::query_as!(
-        Claimed,
-        r#"
-        WITH claimed AS (
-            SELECT seq, id, aggregate_type, aggregate_id, event_type, payload, traceparent,
-                   attempts, created_at
-            FROM outbox o
-            WHERE status = 'pending' AND next_attempt_at <= now()
-              -- Behind a dead or failing head only the head is claimed (when due), so one
-              -- failing aggregate cannot fill the batch and starve the others.
-              AND NOT EXISTS (
-                  SELECT 1 FROM outbox p
-                  WHERE p.aggregate_type = o.aggregate_type AND p.aggregate_id = o.aggregate_id
-                    AND p.seq < o.seq
-                    AND (p.status = 'dead' OR (p.status = 'pending' AND p.attempts > 0))
-              )
-            ORDER BY seq
-            LIMIT $1
-            FOR UPDATE SKIP LOCKED
-        ),
-        -- Only a claim that passed over pending rows (locked by others, not yet due, or
-        -- behind a failing event) can hold a row whose earlier event is outside it (rows
-        -- behind a dead one are excluded above), so only then is each row's aggregate read.
-        passed_over AS (
-            SELECT count(*) > (SELECT count(*) FROM claimed) AS any_row
-            FROM outbox
-            WHERE status = 'pending' AND seq <= (SELECT max(seq) FROM claimed)
-        )
-        SELECT o.seq AS "seq!", o.id AS "id!", o.aggregate_type AS "aggregate_type!",
-               o.aggregate_id AS "aggregate_id!", o.event_type AS "event_type!",
-               o.payload::text AS "payload!", o.traceparent, o.attempts AS "attempts!",
-               o.created_at AS "created_at!",
-               -- An earlier event locked by another pass or relay, or dead, holds it back.
-               (SELECT any_row FROM passed_over) AND EXISTS (
-                   SELECT 1 FROM outbox p
-                   WHERE p.aggregate_type = o.aggregate_type
-                     AND p.aggregate_id = o.aggregate_id
-                     AND p.seq < o.seq AND p.status IN ('pending', 'dead')
-                     -- NOT IN hashes the claim once; a correlated NOT EXISTS was planned as
-                     -- a scan of the whole claim per earlier event.
-                     AND p.seq NOT IN (SELECT seq FROM claimed)
-               ) AS "held_back!"
-        FROM claimed o
-        ORDER BY o.seq
-        "#,
-        limit,
-    )
-    .fetch_all(conn)
-    .await
-}
-
-/// Deletes rows once published, for relays that keep no published rows.
-pub(crate) async fn delete_published(conn: &mut PgConnection, seqs: &[i64]) -> sqlx::Result<()> {
-    sqlx::query!("DELETE FROM outbox WHERE seq = ANY($1)", seqs)
-        .execute(conn)
-        .await?;
-    Ok(())
-}
-
-/// Marks rows published.
-pub(crate) async fn mark_published(conn: &mut PgConnection, seqs: &[i64]) -> sqlx::Result<()> {
-    sqlx::query!(
-        "UPDATE outbox SET status = 'published', published_at = now() WHERE seq = ANY($1)",
-        seqs,
-    )
-    .execute(conn)
-    .await?;
-    Ok(())
-}
-
-/// Records failed attempts: error, next attempt the given delay after now (the failure, not
-/// the claim), and for counted ones an attempt more, dead at `max_attempts`. Returns the seqs
-/// that became dead.
-pub(crate) async fn mark_failed(
-    conn: &mut PgConnection,
-    seqs: &[i64],
-    errors: &[String],
-    delays_seconds: &[f64],
-    counted: &[bool],
-    max_attempts: i32,
-) -> sqlx::Result<Vec<i64>> {
-    sqlx::query_scalar!(
-        r#"
-        UPDATE outbox o
-        SET attempts = o.attempts + f.counted::int,
-            last_error = f.error,
-            next_attempt_at = clock_timestamp() + make_interval(secs => f.delay),
-            status = CASE WHEN f.counted AND o.attempts + 1 >= $5 THEN 'dead' ELSE 'pending' END
-        FROM unnest($1::bigint[], $2::text[], $3::float8[], $4::bool[])
-            AS f(seq, error, delay, counted)
-        WHERE o.seq = f.seq
-        RETURNING CASE WHEN o.status = 'dead' THEN o.seq END AS "seq"
-        "#,
-        seqs,
-        errors,
-        delays_seconds,
-        counted,
-        max_attempts,
-    )
-    .fetch_all(conn)
-    .await
-    .map(|rows| rows.into_iter().flatten().collect())
 }
 
 /// Counts pending, dead and parked events, each up to `limit`, and reads the age of the oldest
@@ -338,52 +177,4 @@ pub(crate) async fn delete_finished(
     .execute(pool)
     .await?;
     Ok(result.rows_affected())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A new database's outbox is analysed while empty; then an outage leaves a backlog. The
-    /// claim must still read about its limit of rows, not the backlog: the rows it fetched are
-    /// PostgreSQL's own count for the claim's transaction, so no clock is involved.
-    #[sqlx::test(migrations = false)]
-    async fn a_claim_reads_its_limit_not_the_backlog_after_an_empty_table_was_analysed(
-        pool: PgPool,
-    ) {
-        crate::migrate::outbox(&pool).await.unwrap();
-        // Kept stale: autovacuum analysing the loaded table would make any plan cheap.
-        sqlx::query("ALTER TABLE outbox SET (autovacuum_enabled = off)")
-            .execute(&pool)
-            .await
-            .unwrap();
-        sqlx::query("ANALYZE outbox").execute(&pool).await.unwrap();
-        let backlog = 100_000;
-        sqlx::query(
-            "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload)
-             SELECT gen_random_uuid(), 'order', 'o' || (i / 3), 'OrderPlaced', '{}'
-             FROM generate_series(1, $1) i",
-        )
-        .bind(backlog)
-        .execute(&pool)
-        .await
-        .unwrap();
-
-        let limit = 100;
-        let mut tx = begin_claim(&pool, Duration::from_secs(30)).await.unwrap();
-        let claimed = claim(&mut tx, limit).await.unwrap();
-        let fetched: i64 = sqlx::query_scalar(
-            "SELECT idx_tup_fetch + seq_tup_read FROM pg_stat_xact_user_tables
-             WHERE relname = 'outbox'",
-        )
-        .fetch_one(&mut *tx)
-        .await
-        .unwrap();
-
-        assert_eq!(claimed.len(), 100);
-        assert!(
-            fetched <= 5 * limit,
-            "the claim of {limit} fetched {fetched} of the {backlog} pending rows"
-        );
-    }
 }

@@ -1,0 +1,222 @@
+//! The relay: claims pending outbox rows, publishes them, and records the outcome.
+//!
+//! One pass ([`Relay::run_once`], in `pass`) works in one database transaction:
+//! 1. claim up to `batch_size` due rows with `FOR UPDATE SKIP LOCKED`, keeping only rows whose
+//!    earlier unpublished events are in the same claim (another relay may hold the rest);
+//! 2. publish in waves: the first event of every aggregate, then the second, and so on, each
+//!    wave pipelined; a failed event drops its aggregate's later events from the pass;
+//! 3. mark the acknowledged rows published (or delete them, see
+//!    [`RelayConfig::delete_published`]) and the failed ones retried later (or dead), commit.
+//!
+//! [`Relay::run`] overlaps passes (`schedule`): one is recorded while the next is claimed and
+//! published; under a backlog one pass is claimed while the one before it is published and the
+//! one before that is recorded.
+//!
+//! # What keeps each aggregate's events in order
+//!
+//! Every mechanism below is needed; each names what it relies on.
+//! 1. **Commit order is seq order** (`outbox::storage::insert`): an enqueue takes a
+//!    transaction-scoped advisory lock on its aggregate before inserting, so two transactions
+//!    with events of one aggregate commit one after the other and the later one's rows get the
+//!    higher seqs. Relies on every event being written through [`crate::enqueue`].
+//! 2. **The claim's barrier** (`storage::claim`): a row behind a dead event or behind an event
+//!    whose publish failed (`attempts > 0`) is not claimed, only the failing head is (when
+//!    due). A row whose earlier unpublished event is outside the claim (locked by another pass
+//!    or relay, or not yet due) is claimed but marked `held_back` and let go unpublished.
+//! 3. **The `passed_over` premise** (`storage::claim`): `held_back` is computed only when the
+//!    claim passed over a pending row below its highest seq. If it passed over none, every
+//!    pending row below its highest seq is in the claim, so every earlier unpublished event of
+//!    a claimed row is claimed too (a dead one excludes its followers through 2). Relies on
+//!    `SKIP LOCKED` and the due filter being the only ways a pending row is passed over.
+//! 4. **Waves** (`pass`): a pass publishes one event per aggregate per wave and awaits every
+//!    acknowledgement of a wave before the next, so a later event is sent only after the
+//!    broker stored the earlier one. Relies on the publisher's result per message
+//!    ([`crate::Publisher`]).
+//! 5. **The failed-aggregate barrier** (`pass`): an event whose publish failed drops its
+//!    aggregate's later events from the rest of the pass; the record then marks it failing,
+//!    which is 2's barrier for the next claims.
+//! 6. **Rows stay locked until recorded** (`pass`, `schedule`): a pass holds its rows in its
+//!    transaction until their outcome is committed, so no other pass or relay claims a later
+//!    event of theirs meanwhile (2 and 3 hold it back); held-back rows are claimed again after
+//!    `HELD_BACK_WAIT` at most.
+//! 7. **The lease** (`storage::begin_claim`, [`RelayConfig::lease`]): a pass stops starting
+//!    waves when half its lease has gone, and PostgreSQL ends a session silent for the whole
+//!    lease, rolling its transaction back: the rows become pending again, unpublished or
+//!    published, never published out of order, since 4 kept what was sent in order.
+//!
+//! A crash between publish and commit publishes the row again; the broker drops the copy inside
+//! its duplicate window (`Nats-Msg-Id`) and the consumer's inbox drops it after that.
+//!
+//! Modules: `schedule` (the overlap of passes, a small state machine driven by [`Relay::run`]),
+//! `pass` (claim, waves, record), `message` (the CloudEvents message of a row) and `storage`
+//! (every SQL statement of the relay).
+
+mod message;
+mod pass;
+mod schedule;
+pub(crate) mod storage;
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use sqlx::PgPool;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use crate::{Backoff, Publisher, Wakeup};
+use schedule::{Round, Scheduler};
+
+/// How the relay runs.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct RelayConfig {
+    /// First subject token; a message goes to `{prefix}.{event_type}.{aggregate_id}`.
+    pub subject_prefix: String,
+    /// The CloudEvents `source` attribute, e.g. `/orders-service`.
+    pub source: String,
+    /// Most rows claimed per pass.
+    pub batch_size: i64,
+    /// Attempts after which an event is dead and parks its aggregate.
+    pub max_attempts: i32,
+    /// Wait between passes when there was nothing (more) to do.
+    pub poll_interval: Duration,
+    /// Delay between attempts of an event the broker refused; each refusal counts toward
+    /// `max_attempts`.
+    pub backoff: Backoff,
+    /// Delay before publishing again while the broker is unreachable or does not acknowledge,
+    /// by the number of passes in a row that reached nothing. These failures never count
+    /// toward `max_attempts`: an outage, however long, makes no event dead.
+    pub unreachable_backoff: Backoff,
+    /// Delete rows as they are published instead of marking them `published` (and leaving
+    /// them to [`crate::Cleanup`]). Cheaper for the database: a delete writes no new row
+    /// version and no index entries.
+    pub delete_published: bool,
+    /// Longest a pass holds its claimed rows. PostgreSQL ends the session of a relay that stays
+    /// silent inside its transaction for longer (`idle_in_transaction_session_timeout`, set
+    /// for the claim's transaction only), so a relay cut off from the database after a claim
+    /// lets its rows go to the other relays within this time; a pass starts no new wave of
+    /// publishes once half of it has gone (the rest stay pending for the next pass). Keep it
+    /// above four times the longest a wave can take (the publisher's timeout, times the
+    /// number of its windows a batch fills).
+    pub lease: Duration,
+}
+
+impl RelayConfig {
+    /// Defaults for everything but the subject prefix and the CloudEvents source.
+    pub fn new(subject_prefix: impl Into<String>, source: impl Into<String>) -> Self {
+        Self {
+            subject_prefix: subject_prefix.into(),
+            source: source.into(),
+            batch_size: 1000,
+            max_attempts: 10,
+            poll_interval: Duration::from_millis(500),
+            backoff: Backoff::default(),
+            unreachable_backoff: Backoff {
+                base: Duration::from_millis(100),
+                max: Duration::from_secs(5),
+            },
+            delete_published: false,
+            lease: Duration::from_secs(30),
+        }
+    }
+}
+
+/// What one pass did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct BatchReport {
+    /// Rows claimed and eligible (heads of their aggregate within the claim).
+    pub claimed: usize,
+    /// Rows acknowledged by the broker and marked published.
+    pub published: usize,
+    /// Rows whose publish failed this pass (including those that became dead).
+    pub failed: usize,
+    /// Rows that became dead this pass.
+    pub dead: usize,
+}
+
+/// Publishes committed outbox rows.
+#[derive(Debug)]
+pub struct Relay<P> {
+    pool: PgPool,
+    publisher: P,
+    config: RelayConfig,
+    /// Passes in a row whose publishes all failed transiently (0: the broker is reachable).
+    outage: AtomicU32,
+    /// Changes when code of this process committed events ([`Relay::with_wakeup`]).
+    woken: Option<watch::Receiver<u64>>,
+}
+
+impl<P: Publisher> Relay<P> {
+    /// A relay over the outbox in `pool`.
+    pub fn new(pool: PgPool, publisher: P, config: RelayConfig) -> Self {
+        Self {
+            pool,
+            publisher,
+            config,
+            outage: AtomicU32::new(0),
+            woken: None,
+        }
+    }
+
+    /// Wakes this relay when code of this process commits through `wakeup` (see
+    /// [`crate::wakeup`]), as soon as the commit is made.
+    #[must_use]
+    pub fn with_wakeup(mut self, wakeup: &Wakeup) -> Self {
+        self.woken = Some(wakeup.subscribe());
+        self
+    }
+
+    /// Runs passes until `shutdown` is cancelled; published passes are recorded first, a
+    /// claimed one not yet published is let go.
+    ///
+    /// Commits wake the relay at once when they are told through its [`Wakeup`] (in this
+    /// process) or a `NOTIFY` on [`crate::outbox::CHANNEL`] (from others; the relay listens
+    /// before its first pass, and a dropped listener connection is re-established by the next
+    /// wait); `poll_interval` is the fallback for commits nobody told about.
+    ///
+    /// Passes overlap, each on its own transaction: while one pass's outcome is recorded the
+    /// next is claimed and published, and while claims come back full (a backlog) a full claim
+    /// is published in the following round, alongside the next claim. `SKIP LOCKED` keeps each
+    /// pass's rows out of the others' claims, and the per-aggregate barrier holds back any
+    /// later event of theirs, exactly as between two relays; rows held back are claimed again
+    /// as soon as the passes ahead of them are recorded.
+    pub async fn run(self, shutdown: CancellationToken) {
+        tracing::info!(prefix = %self.config.subject_prefix, "relay started");
+        let mut scheduler = Scheduler::new(&self);
+        loop {
+            match scheduler.round(&shutdown).await {
+                Round::Busy => {}
+                Round::Idle(wait) => scheduler.idle(wait, &shutdown).await,
+                Round::Stopped => break,
+            }
+        }
+        scheduler.finish().await;
+        tracing::info!("relay stopped");
+    }
+
+    /// One pass: claim, publish, record. See the module documentation.
+    pub async fn run_once(&self) -> sqlx::Result<BatchReport> {
+        let claim = self.claim().await?;
+        let pass = self.publish(claim).await;
+        self.record(pass).await
+    }
+
+    /// Tracks whether the broker is reachable from what a pass saw, logging each change and
+    /// keeping `outbox_broker_unreachable` (1 while unreachable) up to date.
+    fn note_reachability(&self, reached: bool, unreached: bool) {
+        if reached {
+            let passes = self.outage.swap(0, Ordering::Relaxed);
+            if passes > 0 {
+                tracing::info!(passes, "broker reachable again; publishing resumes");
+                metrics::gauge!("outbox_broker_unreachable").set(0.0);
+            }
+        } else if unreached && self.outage.fetch_add(1, Ordering::Relaxed) == 0 {
+            tracing::warn!(
+                "broker unreachable: events stay pending and are retried until it is back \
+                 (an outage never makes an event dead)"
+            );
+            metrics::gauge!("outbox_broker_unreachable").set(1.0);
+        }
+    }
+}
