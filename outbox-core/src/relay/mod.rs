@@ -24,10 +24,11 @@
 //!    due). A row whose earlier unpublished event is outside the claim (locked by another pass
 //!    or relay, or not yet due) is claimed but marked `held_back` and let go unpublished.
 //! 3. **The `passed_over` premise** (`storage::claim`): `held_back` is computed only when the
-//!    claim passed over a pending row below its highest seq. If it passed over none, every
-//!    pending row below its highest seq is in the claim, so every earlier unpublished event of
-//!    a claimed row is claimed too (a dead one excludes its followers through 2). Relies on
-//!    `SKIP LOCKED` and the due filter being the only ways a pending row is passed over.
+//!    claim passed over a pending row below its highest seq (locked by another pass or relay,
+//!    not yet due, or behind a failing event). If it passed over none, every pending row below
+//!    its highest seq is in the claim, so every earlier unpublished event of a claimed row is
+//!    claimed too (a dead one excludes its followers through 2). Relies on the claim taking
+//!    rows in seq order from the lowest, so that what it skipped is all it left below.
 //! 4. **Waves** (`pass`): a pass publishes one event per aggregate per wave and awaits every
 //!    acknowledgement of a wave before the next, so a later event is sent only after the
 //!    broker stored the earlier one. Relies on the publisher's result per message
