@@ -1,9 +1,12 @@
-//! Fault injection for tests of code built on this crate: a [`Publisher`] that wraps a real one
-//! and makes chosen publishes fail before reaching the broker, or lose their acknowledgement
-//! after the broker stored the message.
+//! For the tests of code built on this crate: fault injection, a [`Publisher`] that wraps a
+//! real one and makes chosen publishes fail before reaching the broker, or lose their
+//! acknowledgement after the broker stored the message; and [`eventually`], a bounded wait for
+//! a condition instead of a sleep.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use tokio::sync::Barrier;
 
@@ -210,5 +213,24 @@ impl<P: Publisher> Publisher for FaultyPublisher<P> {
 
     async fn reachable(&self) -> Option<bool> {
         self.inner.reachable().await
+    }
+}
+
+/// Polls `check` every 20 ms until it returns `Some`, and panics naming `what` after `limit`.
+pub async fn eventually<T, F, Fut>(what: &str, limit: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {limit:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }

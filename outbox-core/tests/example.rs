@@ -1,8 +1,6 @@
 //! The example service (`examples/greetings.rs`), run against the real PostgreSQL and
 //! nats-server: what a team adopting the crate starts from must work.
 
-mod common;
-
 #[allow(dead_code, unreachable_pub)] // the example's `main` is not the test's
 #[path = "../examples/greetings.rs"]
 mod greetings;
@@ -11,7 +9,7 @@ use std::time::Duration;
 
 use async_nats::HeaderValue;
 use async_nats::header::NATS_MESSAGE_ID;
-use common::eventually;
+use outbox_core::testing::eventually;
 use sqlx::PgPool;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;

@@ -5,8 +5,9 @@ mod common;
 
 use std::time::Duration;
 
-use common::{TestStream, enqueue, eventually, migrate};
+use common::{TestStream, enqueue, migrate};
 use metrics_exporter_prometheus::PrometheusBuilder;
+use outbox_core::testing::eventually;
 use outbox_core::testing::{Fault, FaultyPublisher};
 use outbox_core::{Backoff, Relay};
 use serde_json::json;

@@ -6,10 +6,11 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{TestStream, enqueue, eventually, migrate};
+use common::{TestStream, enqueue, migrate};
 use outbox_core::headers;
 use outbox_core::inbox::Digest;
 use outbox_core::outbox::DeadFilter;
+use outbox_core::testing::eventually;
 use outbox_core::testing::{Fault, FaultyPublisher, InFlight};
 use outbox_core::{Backoff, NewEvent, Relay, Wakeup, outbox};
 use serde_json::json;

@@ -2,12 +2,13 @@
 //! parallel, and bounded polling instead of sleeps.
 
 use std::future::Future;
-use std::time::{Duration, Instant};
 
 use sqlx::postgres::PgConnectOptions;
 use sqlx::{ConnectOptions as _, Connection as _};
 use tokio::task::JoinHandle;
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
+
+pub use outbox_core::testing::eventually;
 
 /// A name no other test uses: `prefix` plus a random suffix, valid for databases and streams.
 pub fn unique(prefix: &str) -> String {
@@ -58,25 +59,6 @@ pub async fn drop_database(name: &str) {
 pub async fn delete_stream(name: &str) {
     if let Ok(client) = async_nats::connect(nats_url()).await {
         let _ = async_nats::jetstream::new(client).delete_stream(name).await;
-    }
-}
-
-/// Polls `check` every 20 ms until it returns `Some`, and panics naming `what` after `limit`.
-pub async fn eventually<T, F, Fut>(what: &str, limit: Duration, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let deadline = Instant::now() + limit;
-    loop {
-        if let Some(value) = check().await {
-            return value;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "timed out after {limit:?} waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 

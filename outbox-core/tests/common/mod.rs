@@ -3,8 +3,7 @@
 
 #![allow(dead_code, unreachable_pub)]
 
-use std::future::Future;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use async_nats::jetstream::{self, stream::Stream};
 use outbox_core::headers;
@@ -111,23 +110,4 @@ pub async fn enqueue(pool: &PgPool, aggregate: &str, event_type: &str, payload: 
         .await
         .expect("enqueue");
     tx.commit().await.expect("commit");
-}
-
-/// Polls `check` every 10 ms until it returns `Some`; panics naming `what` after `limit`.
-pub async fn eventually<T, F, Fut>(what: &str, limit: Duration, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let deadline = Instant::now() + limit;
-    loop {
-        if let Some(value) = check().await {
-            return value;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "timed out after {limit:?} waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
 }
