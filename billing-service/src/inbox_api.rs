@@ -4,7 +4,7 @@
 use axum::extract::State;
 use outbox_core::inbox::{DeadLetter, DeadLetterFilter, InboxStats};
 use serde::{Deserialize, Serialize};
-use service_kit::admin::Admin;
+use service_kit::admin::{Admin, AdminRefusals};
 use service_kit::dead::{self, BulkOutcome};
 use service_kit::ops::{Action, Column, Filter, OpsPage, Tile};
 use service_kit::pagination;
@@ -187,10 +187,7 @@ fn filter(
     (status = 200, description = "A page of dead letters", body = DeadPage),
     (status = 422, description = "Bad limit, cursor or filter", body = Problem,
         content_type = "application/problem+json"),
-    (status = 401, description = "Missing or wrong admin token", body = Problem,
-        content_type = "application/problem+json"),
-    (status = 403, description = "ADMIN_TOKEN is not configured", body = Problem,
-        content_type = "application/problem+json"),
+    AdminRefusals,
 ))]
 async fn list_dead(
     _: Admin,
@@ -215,10 +212,7 @@ async fn list_dead(
         body = BulkOutcome),
     (status = 422, description = "Bad limit, cursor or filter", body = Problem,
         content_type = "application/problem+json"),
-    (status = 401, description = "Missing or wrong admin token", body = Problem,
-        content_type = "application/problem+json"),
-    (status = 403, description = "ADMIN_TOKEN is not configured", body = Problem,
-        content_type = "application/problem+json"),
+    AdminRefusals,
 ))]
 async fn replay_matching(
     _: Admin,
@@ -271,10 +265,7 @@ async fn replay_matching(
     (status = 200, description = "`count` letters were skipped", body = BulkOutcome),
     (status = 422, description = "Bad filter", body = Problem,
         content_type = "application/problem+json"),
-    (status = 401, description = "Missing or wrong admin token", body = Problem,
-        content_type = "application/problem+json"),
-    (status = 403, description = "ADMIN_TOKEN is not configured", body = Problem,
-        content_type = "application/problem+json"),
+    AdminRefusals,
 ))]
 async fn skip_matching(
     _: Admin,
@@ -308,10 +299,7 @@ async fn replay(state: &AppState, letter: &DeadLetter) -> Result<Verdict, ApiErr
         content_type = "application/problem+json"),
     (status = 422, description = "The message can never be applied", body = Problem,
         content_type = "application/problem+json"),
-    (status = 401, description = "Missing or wrong admin token", body = Problem,
-        content_type = "application/problem+json"),
-    (status = 403, description = "ADMIN_TOKEN is not configured", body = Problem,
-        content_type = "application/problem+json"),
+    AdminRefusals,
 ))]
 async fn retry(
     _: Admin,
@@ -347,10 +335,7 @@ async fn retry(
     (status = 200, description = "Skipped; the dead letter is closed", body = ActionResult),
     (status = 404, description = "No open dead letter with this id", body = Problem,
         content_type = "application/problem+json"),
-    (status = 401, description = "Missing or wrong admin token", body = Problem,
-        content_type = "application/problem+json"),
-    (status = 403, description = "ADMIN_TOKEN is not configured", body = Problem,
-        content_type = "application/problem+json"),
+    AdminRefusals,
 ))]
 async fn skip(
     _: Admin,

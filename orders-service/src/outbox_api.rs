@@ -5,7 +5,7 @@ use axum::extract::State;
 use outbox_core::OutboxStats;
 use outbox_core::outbox::{self, DeadEvent, DeadFilter};
 use serde::{Deserialize, Serialize};
-use service_kit::admin::Admin;
+use service_kit::admin::{Admin, AdminRefusals};
 use service_kit::dead::{self, BulkOutcome};
 use service_kit::ops::{Action, Column, Filter, OpsPage, Tile};
 use service_kit::pagination;
@@ -203,10 +203,7 @@ struct DeadListParams {
     (status = 200, description = "A page of dead events", body = DeadPage),
     (status = 422, description = "Bad limit, cursor or filter", body = Problem,
         content_type = "application/problem+json"),
-    (status = 401, description = "Missing or wrong admin token", body = Problem,
-        content_type = "application/problem+json"),
-    (status = 403, description = "ADMIN_TOKEN is not configured", body = Problem,
-        content_type = "application/problem+json"),
+    AdminRefusals,
 ))]
 async fn list_dead(
     _: Admin,
@@ -233,10 +230,7 @@ async fn list_dead(
     (status = 200, description = "`count` events are pending again", body = BulkOutcome),
     (status = 422, description = "Bad filter", body = Problem,
         content_type = "application/problem+json"),
-    (status = 401, description = "Missing or wrong admin token", body = Problem,
-        content_type = "application/problem+json"),
-    (status = 403, description = "ADMIN_TOKEN is not configured", body = Problem,
-        content_type = "application/problem+json"),
+    AdminRefusals,
 ))]
 async fn retry_matching(
     _: Admin,
@@ -255,10 +249,7 @@ async fn retry_matching(
     (status = 200, description = "`count` events were skipped", body = BulkOutcome),
     (status = 422, description = "Bad filter", body = Problem,
         content_type = "application/problem+json"),
-    (status = 401, description = "Missing or wrong admin token", body = Problem,
-        content_type = "application/problem+json"),
-    (status = 403, description = "ADMIN_TOKEN is not configured", body = Problem,
-        content_type = "application/problem+json"),
+    AdminRefusals,
 ))]
 async fn skip_matching(
     _: Admin,
@@ -277,10 +268,7 @@ async fn skip_matching(
     (status = 200, description = "Pending again", body = ActionResult),
     (status = 404, description = "No dead event with this id", body = Problem,
         content_type = "application/problem+json"),
-    (status = 401, description = "Missing or wrong admin token", body = Problem,
-        content_type = "application/problem+json"),
-    (status = 403, description = "ADMIN_TOKEN is not configured", body = Problem,
-        content_type = "application/problem+json"),
+    AdminRefusals,
 ))]
 async fn retry(
     _: Admin,
@@ -305,10 +293,7 @@ async fn retry(
     (status = 200, description = "Skipped", body = ActionResult),
     (status = 404, description = "No dead event with this id", body = Problem,
         content_type = "application/problem+json"),
-    (status = 401, description = "Missing or wrong admin token", body = Problem,
-        content_type = "application/problem+json"),
-    (status = 403, description = "ADMIN_TOKEN is not configured", body = Problem,
-        content_type = "application/problem+json"),
+    AdminRefusals,
 ))]
 async fn skip(
     _: Admin,

@@ -11,6 +11,7 @@ use axum::http::request::Parts;
 use subtle::ConstantTimeEq as _;
 
 use crate::ApiError;
+use crate::problem::Problem;
 
 /// The configured admin token, if any.
 #[derive(Clone, Default)]
@@ -83,4 +84,24 @@ impl utoipa::Modify for AdminSecurity {
             .get_or_insert_with(Default::default)
             .add_security_scheme("admin", SecurityScheme::Http(scheme));
     }
+}
+
+/// The guard's refusals, declared once for the `responses(...)` of every admin endpoint's
+/// `#[utoipa::path]`.
+#[derive(Debug, utoipa::IntoResponses)]
+pub enum AdminRefusals {
+    /// No bearer token, or not the configured one.
+    #[response(
+        status = 401,
+        description = "Missing or wrong admin token",
+        content_type = "application/problem+json"
+    )]
+    Unauthorized(Problem),
+    /// No token is configured: admin endpoints are off.
+    #[response(
+        status = 403,
+        description = "ADMIN_TOKEN is not configured",
+        content_type = "application/problem+json"
+    )]
+    Forbidden(Problem),
 }
