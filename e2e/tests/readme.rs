@@ -26,6 +26,10 @@ const RUN_ELSEWHERE: &[(&str, &str)] = &[
         "scripts/test runs the same binary with --smoke",
     ),
     (
+        "cargo run --release -p e2e --bin bench -- --markdown BENCHMARKS.md results/*/results.json",
+        "scripts/test runs the same binary's --markdown on its smoke run's results",
+    ),
+    (
         "cargo run --release -p e2e --bin bench -- --smoke",
         "scripts/test (from the test build, with the release services)",
     ),

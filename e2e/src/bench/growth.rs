@@ -9,7 +9,7 @@
 
 use std::time::{Duration, Instant};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use service_kit::testing;
 use sqlx::PgPool;
 
@@ -28,7 +28,7 @@ pub struct Filled {
 }
 
 /// The growth phase's figures.
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Growth {
     /// Published events in the outbox and records in the inbox before each measurement.
     pub rows: i64,
@@ -47,7 +47,7 @@ pub struct Growth {
 }
 
 /// The phases the growth compares.
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Phases {
     /// Relay drain with one relay (rows kept), events per second.
     pub drain_1_relay_per_sec: f64,
@@ -59,7 +59,7 @@ pub struct Phases {
 
 /// Whether ageing-out keeps up: each side's cleanup round (the services' code and batch size)
 /// and the `VACUUM` that then reclaims the deleted rows, against the rows inserted meanwhile.
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Cleanup {
     /// Orders accepted per second meanwhile: each adds an outbox row (billing does not run,
     /// so the inbox's round has no inserts beside it).
@@ -71,7 +71,7 @@ pub struct Cleanup {
 }
 
 /// One cleanup round and its `VACUUM`.
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Round {
     /// Rows deleted.
     pub deleted: u64,

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use service_kit::testing;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
@@ -18,7 +18,7 @@ use crate::Names;
 use crate::process::{Kind, Service};
 
 /// Order-commit → invoice-commit latency of the steady phase, in milliseconds.
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Latency {
     /// Median.
     pub p50: f64,
@@ -59,7 +59,7 @@ impl Latency {
 
 /// The steady phase's latency split at the relay's claim and billing's transaction start (both
 /// `now()` of their transactions, on the same clock).
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Stages {
     /// Order commit → the relay's claiming transaction began.
     pub to_relay: Latency,
@@ -70,7 +70,7 @@ pub struct Stages {
 }
 
 /// One second of the steady phase.
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Second {
     /// Seconds since the first order.
     pub t: u64,
@@ -83,7 +83,7 @@ pub struct Second {
 }
 
 /// The steady phase's figures.
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Steady {
     /// Orders sent.
     pub sent: u64,

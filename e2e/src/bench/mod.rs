@@ -34,7 +34,7 @@ pub mod views;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// What to run, and how big.
 #[derive(Debug, Clone)]
@@ -96,7 +96,7 @@ impl Options {
 }
 
 /// Every figure of one run.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Results {
     /// When the run started (UTC, RFC 3339).
     pub started_at: String,
@@ -136,7 +136,7 @@ pub struct Results {
 }
 
 /// The sizes of a run, recorded with its results.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Settings {
     /// See [`Options::raw_messages`].
     pub raw_messages: usize,

@@ -310,6 +310,67 @@ pub fn print_growth(growth: &super::growth::Growth) {
     print_lines(&growth_lines(growth));
 }
 
+/// `BENCHMARKS.md` from the results of one or more runs: their settings, then every figure
+/// with its reference and bar, a column per run, and in how many runs it met its bar.
+pub fn markdown(runs: &[Results]) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::from(
+        "# Benchmark figures\n\n\
+         Written by the benchmark from the `results.json` of its runs \
+         (`cargo run --release -p e2e --bin bench -- --markdown BENCHMARKS.md \
+         results/*/results.json`), not by hand. What each phase measures, its reference and its \
+         bar: the README's Benchmark section; where the time goes: \
+         [docs/performance.md](docs/performance.md). Compare ratios across machines, not \
+         rates.\n\n| run | started (UTC) | PostgreSQL over TLS | sizes |\n| --- | --- | --- | --- |\n",
+    );
+    for (i, r) in runs.iter().enumerate() {
+        let s = &r.settings;
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} events drained; {} connections for {} s at maximum rate; \
+             {}/s for {} s steady; growth phase on {} rows |",
+            i + 1,
+            r.started_at,
+            if r.postgres_tls { "yes" } else { "no" },
+            s.drain_events,
+            s.connections,
+            s.max_rate_secs,
+            s.steady_rate,
+            s.steady_secs,
+            s.growth_rows,
+        );
+    }
+    let tables: Vec<Vec<Line>> = runs.iter().map(lines).collect();
+    let _ = write!(out, "\n| figure |");
+    for i in 1..=runs.len() {
+        let _ = write!(out, " run {i} |");
+    }
+    out.push_str(" bar | met |\n| --- |");
+    out.push_str(&" --- |".repeat(runs.len() + 2));
+    out.push('\n');
+    let rows = tables.iter().map(Vec::len).max().unwrap_or(0);
+    for row in 0..rows {
+        let first = tables.iter().find_map(|t| t.get(row)).expect("a row");
+        let _ = write!(out, "| {} |", first.figure);
+        let mut met = 0;
+        for table in &tables {
+            match table.get(row).filter(|line| line.figure == first.figure) {
+                Some(line) => {
+                    met += usize::from(line.met);
+                    let _ = write!(out, " {}<br>{} |", line.value, line.reference);
+                }
+                None => out.push_str(" — |"),
+            }
+        }
+        if first.bar == "-" {
+            out.push_str(" — | — |\n");
+        } else {
+            let _ = writeln!(out, " {} | {met} of {} |", first.bar, runs.len());
+        }
+    }
+    out
+}
+
 /// Writes `results.json`, `latency.svg` and `throughput.svg` into `dir`.
 pub fn write(results: &Results, dir: &Path) -> anyhow::Result<()> {
     std::fs::create_dir_all(dir)?;

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use service_kit::testing;
 use sqlx::PgPool;
 
@@ -12,7 +12,7 @@ use crate::Names;
 use crate::process::{Kind, NatsServer, Service};
 
 /// One deployment's figures.
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Scale {
     /// orders-service instances, each with its relay (and as many billing-service instances).
     pub replicas: usize,

@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use service_kit::testing;
 use sqlx::PgPool;
 
@@ -12,7 +12,7 @@ use crate::Names;
 use crate::process::{Kind, Service};
 
 /// Median time of each view, in milliseconds, with `pending` events waiting.
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Views {
     /// Pending events in the outbox.
     pub pending: i64,

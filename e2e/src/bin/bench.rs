@@ -5,6 +5,8 @@
 //!   cargo run --release -p e2e --bin bench -- --out DIR    # results folder (default results/)
 //!   cargo run --release -p e2e --bin bench -- --growth-rows N  # the growth phase's table size
 //!   cargo run --release -p e2e --bin bench -- --growth-only    # only the growth phase
+//!   cargo run --release -p e2e --bin bench -- --markdown BENCHMARKS.md results/*/results.json
+//!                                       # the figures of those runs, a column each, as Markdown
 
 use std::path::PathBuf;
 
@@ -27,6 +29,23 @@ async fn main() -> anyhow::Result<()> {
                     })?);
             }
             "--out" => out = args.next().map(PathBuf::from).unwrap_or(out),
+            "--markdown" => {
+                let target = PathBuf::from(args.next().unwrap_or_default());
+                let runs = args
+                    .by_ref()
+                    .map(|path| {
+                        let json = std::fs::read(&path)?;
+                        serde_json::from_slice(&json)
+                            .map_err(|e| anyhow::anyhow!("{path}: not a results.json: {e}"))
+                    })
+                    .collect::<anyhow::Result<Vec<bench::Results>>>()?;
+                anyhow::ensure!(
+                    !runs.is_empty(),
+                    "--markdown wants a file, then results.json files"
+                );
+                std::fs::write(&target, bench::report::markdown(&runs))?;
+                return Ok(());
+            }
             other => anyhow::bail!("unknown argument {other}; see the README's Benchmark section"),
         }
     }
