@@ -1,4 +1,5 @@
-//! Every SQL statement on the outbox table.
+//! The SQL of the outbox's producer and operator side: enqueue, stats, dead events, cleanup.
+//! The relay's statements are in `relay::storage`.
 
 use std::time::Duration;
 

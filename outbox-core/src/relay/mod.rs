@@ -1,6 +1,6 @@
 //! The relay: claims pending outbox rows, publishes them, and records the outcome.
 //!
-//! One pass ([`Relay::run_once`], in `pass`) works in one database transaction:
+//! One pass ([`Relay::run_once`]; its steps are in `pass`) works in one database transaction:
 //! 1. claim up to `batch_size` due rows with `FOR UPDATE SKIP LOCKED`, keeping only rows whose
 //!    earlier unpublished events are in the same claim (another relay may hold the rest);
 //! 2. publish in waves: the first event of every aggregate, then the second, and so on, each
@@ -25,7 +25,7 @@
 //!    or relay, or not yet due) is claimed but marked `held_back` and let go unpublished.
 //! 3. **The `passed_over` premise** (`storage::claim`): `held_back` is computed only when the
 //!    claim passed over a pending row below its highest seq (locked by another pass or relay,
-//!    not yet due, or behind a failing event). If it passed over none, every pending row below
+//!    not yet due, or behind a dead or failing event). If it passed over none, every pending row below
 //!    its highest seq is in the claim, so every earlier unpublished event of a claimed row is
 //!    claimed too (a dead one excludes its followers through 2). Relies on the claim taking
 //!    rows in seq order from the lowest, so that what it skipped is all it left below.
@@ -34,12 +34,14 @@
 //!    broker stored the earlier one. Relies on the publisher's result per message
 //!    ([`crate::Publisher`]).
 //! 5. **The failed-aggregate barrier** (`pass`): an event whose publish failed drops its
-//!    aggregate's later events from the rest of the pass; the record then marks it failing,
-//!    which is 2's barrier for the next claims.
+//!    aggregate's later events from the rest of the pass. The record then delays it: a refusal
+//!    also counts an attempt, which is 2's barrier for the next claims; a transient failure
+//!    (an unreachable broker) counts none, and its later events are held back through 3 while
+//!    it is not due.
 //! 6. **Rows stay locked until recorded** (`pass`, `schedule`): a pass holds its rows in its
 //!    transaction until their outcome is committed, so no other pass or relay claims a later
 //!    event of theirs meanwhile (2 and 3 hold it back); held-back rows are claimed again after
-//!    `HELD_BACK_WAIT` at most.
+//!    `HELD_BACK_WAIT` (longer only after a failed round, or during an outage's pauses).
 //! 7. **The lease** (`storage::begin_claim`, [`RelayConfig::lease`]): a pass stops starting
 //!    waves when half its lease has gone, and PostgreSQL ends a session silent for the whole
 //!    lease, rolling its transaction back: the rows become pending again, unpublished or

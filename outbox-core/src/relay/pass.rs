@@ -48,8 +48,8 @@ impl<P: Publisher> Relay<P> {
         }
     }
 
-    /// Publishes a claim's rows in waves, one event per aggregate each (see the module
-    /// documentation).
+    /// Publishes a claim's rows in waves, one event per aggregate each (see the `relay`
+    /// module's documentation).
     pub(super) async fn publish(&self, claim: Claim) -> Pass {
         let Claim {
             tx, rows, since, ..

@@ -1,6 +1,6 @@
 //! The overlap of passes that [`Relay::run`] drives: each round records the passes published
-//! in the round before, publishes the full claim made in the round before, and claims anew,
-//! all at once; a round with nothing left in flight ends in a wait for a commit or the poll.
+//! in the round before, publishes the full claim made in the round before, and claims anew
+//! (during an outage, only when nothing is in flight), all at once; a round with nothing left in flight ends in a wait for a commit or the poll.
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -30,7 +30,7 @@ pub(super) enum Round {
     Busy,
     /// Nothing in flight: wait this long, or until a commit is notified.
     Idle(Duration),
-    /// Shutdown came during the round's pause.
+    /// Shutdown: before the round, or during its pause.
     Stopped,
 }
 
