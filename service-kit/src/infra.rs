@@ -7,6 +7,9 @@ use sqlx::migrate::Migrator;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions as _, PgPool};
 
+/// Idle time after which a pooled connection is pinged before it is handed out.
+const PING_IDLE_AFTER: Duration = Duration::from_secs(1);
+
 /// Connects to `url`, creating its database first if it does not exist.
 pub async fn connect_db(url: &str, max_connections: u32) -> anyhow::Result<PgPool> {
     let options: PgConnectOptions = url
@@ -14,7 +17,19 @@ pub async fn connect_db(url: &str, max_connections: u32) -> anyhow::Result<PgPoo
         .context("DATABASE_URL is not a valid PostgreSQL URL")?;
     let pool = PgPoolOptions::new()
         .max_connections(max_connections)
-        .acquire_timeout(Duration::from_secs(5));
+        .acquire_timeout(Duration::from_secs(5))
+        // sqlx pings every connection it hands out, a round trip per transaction (a fifth of
+        // an order's). A connection used moments ago is alive; one idle for longer may have
+        // been cut (a database restart, a firewall), and is pinged and replaced if so.
+        .test_before_acquire(false)
+        .before_acquire(|conn, meta| {
+            Box::pin(async move {
+                if meta.idle_for > PING_IDLE_AFTER {
+                    sqlx::Connection::ping(conn).await?;
+                }
+                Ok(true)
+            })
+        });
     // Connect first: a least-privileged role may not look at other databases, and only a
     // database that does not exist needs the server's `postgres` database.
     match pool.clone().connect_with(options.clone()).await {

@@ -216,23 +216,7 @@ pub async fn run(options: &Options) -> anyhow::Result<PathBuf> {
         http::max_rate(options.connections, options.max_rate_for, None).await?;
     progress(&format!("  {http_orders_per_sec:.0} orders/s"));
 
-    let mut steady = Vec::new();
-    for instances in [1, 2] {
-        progress(&format!(
-            "steady load through both services: {} orders/s for {:?}, {instances} orders-service \
-             instance(s){}",
-            options.steady_rate,
-            options.steady_for,
-            if instances > 1 {
-                ", a relay in the first only"
-            } else {
-                ""
-            }
-        ));
-        steady.push(http::steady(options.steady_rate, options.steady_for, instances, None).await?);
-    }
-    let steady_two = steady.pop().unwrap_or_default();
-    let steady = steady.pop().unwrap_or_default();
+    let (steady, steady_two) = steady_phases(options).await?;
 
     let scaled = scale_out(options).await?;
 
@@ -275,6 +259,62 @@ pub async fn run(options: &Options) -> anyhow::Result<PathBuf> {
     report::write(&results, &dir)?;
     report::print(&results);
     Ok(dir)
+}
+
+/// The steady phases: one orders-service, then two of which only the first runs a relay.
+async fn steady_phases(options: &Options) -> anyhow::Result<(http::Steady, http::Steady)> {
+    let mut steady = Vec::new();
+    for instances in [1, 2] {
+        progress(&format!(
+            "steady load through both services: {} orders/s for {:?}, {instances} orders-service \
+             instance(s){}",
+            options.steady_rate,
+            options.steady_for,
+            if instances > 1 {
+                ", a relay in the first only"
+            } else {
+                ""
+            }
+        ));
+        // The latency is this phase's alone, not that of the previous phases' write-back.
+        growth::settle().await;
+        steady.push(http::steady(options.steady_rate, options.steady_for, instances, None).await?);
+    }
+    let steady_two = steady.pop().unwrap_or_default();
+    let steady = steady.pop().unwrap_or_default();
+    Ok((steady, steady_two))
+}
+
+/// Runs the steady phases alone and prints their lines.
+pub async fn run_steady(options: &Options) -> anyhow::Result<()> {
+    crate::process::binary("orders-service");
+    let (one, two) = steady_phases(options).await?;
+    report::print_steady(&one, options.steady_rate, "1 orders-service");
+    report::print_steady(&two, options.steady_rate, "2, relay in 1");
+    Ok(())
+}
+
+/// Runs the maximum-rate phases alone with their reference, the plain transaction, and prints
+/// each as a ratio to it.
+pub async fn run_max_rate(options: &Options) -> anyhow::Result<()> {
+    crate::process::binary("orders-service");
+    let (connections, length) = (options.connections, options.max_rate_for);
+    let plain = refs::plain_transaction(connections, length).await?;
+    let order = refs::order_transaction(connections, length).await?;
+    let http = http::max_rate(connections, length, None).await?;
+    let pipeline = scale::scale(1, 1, connections, length).await?;
+    println!("plain transaction      {plain:>8.0} tx/s");
+    for (figure, rate) in [
+        ("order transaction", order),
+        ("POST /orders", http),
+        ("whole pipeline", pipeline.invoiced_per_sec),
+    ] {
+        println!(
+            "{figure:<22} {rate:>8.0}/s  {:>4.0}% of plain",
+            rate / plain * 100.0
+        );
+    }
+    Ok(())
 }
 
 /// The relay drains: 1 relay keeping rows, 1 deleting them, 4 keeping them.

@@ -224,6 +224,11 @@ fn view_line(v: &super::views::Views) -> Line {
     }
 }
 
+/// Prints the lines of a steady phase.
+pub fn print_steady(s: &super::http::Steady, rate: u32, instances: &str) {
+    print_lines(&steady_lines(s, rate, instances));
+}
+
 /// The latency and throughput lines of one steady phase.
 fn steady_lines(s: &super::http::Steady, rate: u32, instances: &str) -> Vec<Line> {
     vec![

@@ -5,6 +5,8 @@
 //!   cargo run --release -p e2e --bin bench -- --out DIR    # results folder (default results/)
 //!   cargo run --release -p e2e --bin bench -- --growth-rows N  # the growth phase's table size
 //!   cargo run --release -p e2e --bin bench -- --growth-only    # only the growth phase
+//!   cargo run --release -p e2e --bin bench -- --steady-only    # only the steady phases
+//!   cargo run --release -p e2e --bin bench -- --max-rate-only  # only the maximum rates
 //!   cargo run --release -p e2e --bin bench -- --markdown BENCHMARKS.md results/*/results.json
 //!                                       # the figures of those runs, a column each, as Markdown
 
@@ -15,12 +17,16 @@ use e2e::bench::{self, Options};
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let mut args = std::env::args().skip(1);
-    let (mut smoke, mut growth_only, mut growth_rows) = (false, false, None);
+    let (mut smoke, mut growth_rows) = (false, None);
+    // Which phases: all, or one group of them alone.
+    let mut only = "";
     let mut out = PathBuf::from("results");
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--smoke" => smoke = true,
-            "--growth-only" => growth_only = true,
+            "--growth-only" => only = "growth",
+            "--steady-only" => only = "steady",
+            "--max-rate-only" => only = "max-rate",
             "--growth-rows" => {
                 let rows = args.next().unwrap_or_default();
                 growth_rows =
@@ -57,10 +63,11 @@ async fn main() -> anyhow::Result<()> {
     if let Some(rows) = growth_rows {
         options.growth_rows = rows;
     }
-    if growth_only {
-        bench::run_growth(&options).await?;
-    } else {
-        bench::run(&options).await?;
+    match only {
+        "growth" => drop(bench::run_growth(&options).await?),
+        "steady" => bench::run_steady(&options).await?,
+        "max-rate" => bench::run_max_rate(&options).await?,
+        _ => drop(bench::run(&options).await?),
     }
     Ok(())
 }

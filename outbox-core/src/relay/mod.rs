@@ -47,8 +47,10 @@
 //!    lease, rolling its transaction back: the rows become pending again, unpublished or
 //!    published, never published out of order, since 4 kept what was sent in order.
 //!
-//! A crash between publish and commit publishes the row again; the broker drops the copy inside
-//! its duplicate window (`Nats-Msg-Id`) and the consumer's inbox drops it after that.
+//! A crash between publish and commit publishes the row again, as does one just after the
+//! commit (the relay does not wait for its record to be flushed, see `storage::begin_claim`);
+//! the broker drops the copy inside its duplicate window (`Nats-Msg-Id`) and the consumer's
+//! inbox drops it after that.
 //!
 //! Modules: `schedule` (the overlap of passes, a small state machine driven by [`Relay::run`]),
 //! `pass` (claim, waves, record), `message` (the CloudEvents message of a row) and `storage`

@@ -1,10 +1,17 @@
 //! The overlap of passes that [`Relay::run`] drives: each round records the passes published
 //! in the round before, publishes the full claim made in the round before, and claims anew
-//! (during an outage, only when nothing is in flight), all at once; a round with nothing left in flight ends in a wait for a commit or the poll.
+//! (during an outage, only when nothing is in flight), all at once; a round with nothing left
+//! in flight ends in a wait for a commit or the poll.
+//!
+//! A claim that came back partial took every due row committed before it began, so the next
+//! round claims again only if a commit was signalled since, rows were held back, or the claim
+//! failed: at a steady trickle of commits, each commit then costs one claim, not a claim and
+//! an empty one.
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use futures::FutureExt as _;
 use sqlx::postgres::PgListener;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -22,6 +29,9 @@ pub(super) struct Scheduler<'r, P> {
     claimed: Option<Claim>,
     /// Passes published but not recorded: their transactions still hold their rows.
     unrecorded: Vec<Pass>,
+    /// Whether the next round claims even if no commit was signalled: false only after a
+    /// partial claim that held nothing back.
+    reclaim: bool,
 }
 
 /// What a round leaves to do.
@@ -42,6 +52,7 @@ impl<'r, P: Publisher> Scheduler<'r, P> {
             woken: relay.woken.clone(),
             claimed: None,
             unrecorded: Vec::new(),
+            reclaim: true,
         }
     }
 
@@ -72,7 +83,17 @@ impl<'r, P: Publisher> Scheduler<'r, P> {
                 () = tokio::time::sleep(pause) => {}
             }
         }
-        let claiming = outage == 0 || !in_flight;
+        let claiming = if outage > 0 {
+            !in_flight
+        } else {
+            self.reclaim || self.signalled()
+        };
+        if claiming {
+            // Commits signalled from here on may be missed by this claim: they call for the next.
+            if let Some(woken) = &mut self.woken {
+                woken.borrow_and_update();
+            }
+        }
         let (recorded, published, next) = tokio::join!(
             relay.record_all(std::mem::take(&mut self.unrecorded)),
             relay.publish_if_any(self.claimed.take()),
@@ -80,7 +101,7 @@ impl<'r, P: Publisher> Scheduler<'r, P> {
                 if claiming {
                     relay.claim_next().await
                 } else {
-                    Ok(Next::Nothing { held_back: false })
+                    Ok(Next::Skipped)
                 }
             },
         );
@@ -88,18 +109,27 @@ impl<'r, P: Publisher> Scheduler<'r, P> {
         let mut failed = recorded.is_err();
         let mut held_back = false;
         match next {
-            Ok(Next::Backlog(claim)) => self.claimed = Some(claim),
+            Ok(Next::Backlog(claim)) => {
+                self.claimed = Some(claim);
+                self.reclaim = true;
+            }
             Ok(Next::Published {
                 pass,
                 held_back: held,
             }) => {
                 self.unrecorded.push(pass);
                 held_back = held;
+                self.reclaim = held;
             }
-            Ok(Next::Nothing { held_back: held }) => held_back = held,
+            Ok(Next::Nothing { held_back: held }) => {
+                held_back = held;
+                self.reclaim = held;
+            }
+            Ok(Next::Skipped) => {}
             Err(error) => {
                 tracing::error!(error = ?error, "relay pass failed");
                 failed = true;
+                self.reclaim = true;
             }
         }
         if self.in_flight() {
@@ -133,6 +163,33 @@ impl<'r, P: Publisher> Scheduler<'r, P> {
         if let Some(listener) = &mut self.listener {
             while listener.next_buffered().is_some() {}
         }
+        self.reclaim = true;
+    }
+
+    /// Whether a commit was signalled since the last claim began, here or by a notification
+    /// from another process (read without waiting, and taken: the next claim serves it). A
+    /// listener that lost its connection counts as signalled, since notifications may be lost.
+    fn signalled(&mut self) -> bool {
+        let here = self
+            .woken
+            .as_ref()
+            .is_some_and(|woken| woken.has_changed().unwrap_or(false));
+        let Some(listener) = &mut self.listener else {
+            return here;
+        };
+        let mut elsewhere = match listener.try_recv().now_or_never() {
+            None => false,
+            Some(Ok(_)) => true,
+            Some(Err(_)) => {
+                // The next round listens anew.
+                self.listener = None;
+                return true;
+            }
+        };
+        while listener.next_buffered().is_some() {
+            elsewhere = true;
+        }
+        here || elsewhere
     }
 
     /// Records the passes published; a claim not yet published is let go.
@@ -146,6 +203,12 @@ impl<P: Publisher> Relay<P> {
     /// round, a partial one is published at once.
     async fn claim_next(&self) -> sqlx::Result<Next> {
         let claim = self.claim().await?;
+        let outcome = if claim.rows.is_empty() {
+            "empty"
+        } else {
+            "rows"
+        };
+        metrics::counter!("outbox_relay_claims_total", "outcome" => outcome).increment(1);
         let held_back = claim.locked > claim.rows.len();
         Ok(if claim.rows.is_empty() {
             // Let go of the held-back rows now: a dropped transaction is rolled back only
@@ -223,4 +286,6 @@ enum Next {
     Published { pass: Pass, held_back: bool },
     /// Nothing to publish; whether rows were held back.
     Nothing { held_back: bool },
+    /// No claim was made: the last one was partial and no commit was signalled since.
+    Skipped,
 }

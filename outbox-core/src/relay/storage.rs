@@ -37,14 +37,21 @@ pub(crate) async fn lease(conn: &mut PgConnection, lease: Duration) -> sqlx::Res
     Ok(())
 }
 
-/// Begins a claim's transaction, in one round trip with its settings: the [`lease`], and a plan
-/// for [`claim`] that walks the pending index in seq order and stops at its limit whatever the
-/// statistics say. Statistics taken while the outbox was empty (a new database; autovacuum busy
-/// elsewhere) make the planner expect a handful of pending rows and pick a bitmap scan of all of
-/// them, sorted, which costs O(backlog) per claim: a relay that falls behind then falls further
-/// behind. Sorting is priced out, so the ordered index scan is the only cheap way to the limit;
-/// the price would pull the claim over `jit_above_cost`, so JIT is off too. The settings hold
-/// for the whole transaction: only the relay's statements run in it.
+/// Begins a claim's transaction, in one round trip with its settings: the [`lease`], and plans
+/// that read the rows they need through an index whatever the statistics say.
+/// - Statistics taken while the outbox was empty (a new database; autovacuum busy elsewhere)
+///   make the planner expect a handful of pending rows and pick a bitmap scan of all of them,
+///   sorted, which costs O(backlog) per claim: a relay that falls behind then falls further
+///   behind. Sorting is priced out, so the ordered index scan is the only cheap way to
+///   [`claim`]'s limit; the price would pull the claim over `jit_above_cost`, so JIT is off too.
+/// - A prepared statement keeps the generic plan it settled on, and a plan made while the table
+///   was a page or two is a sequential scan: [`mark_published`] would then read the whole
+///   table for every pass as the table grows, until an `ANALYZE` invalidates the plan.
+///   Sequential scans are priced out too.
+/// - The commit that records a pass is not waited for (`synchronous_commit = off`): a record
+///   lost in a crash only publishes its rows again, which the broker and the inbox drop.
+///
+/// The settings hold for the whole transaction: only the relay's statements run in it.
 pub(crate) async fn begin_claim(
     pool: &PgPool,
     lease: Duration,
@@ -54,7 +61,8 @@ pub(crate) async fn begin_claim(
     let lease_ms = lease.as_millis().clamp(1, i32::MAX.unsigned_abs().into());
     pool.begin_with(AssertSqlSafe(format!(
         "BEGIN; SET LOCAL idle_in_transaction_session_timeout = '{lease_ms}ms'; \
-         SET LOCAL enable_sort = off; SET LOCAL enable_bitmapscan = off; SET LOCAL jit = off"
+         SET LOCAL enable_sort = off; SET LOCAL enable_bitmapscan = off; \
+         SET LOCAL enable_seqscan = off; SET LOCAL jit = off; SET LOCAL synchronous_commit = off"
     )))
     .await
 }
@@ -212,5 +220,76 @@ mod tests {
             fetched <= 5 * limit,
             "the claim of {limit} fetched {fetched} of the {backlog} pending rows"
         );
+    }
+
+    /// A relay starts on a new, small outbox and its connection settles on generic plans; then
+    /// the table grows without being analysed. Marking a pass published must still read only
+    /// the pass's rows, not the table. One connection, so the prepared statements are reused.
+    #[sqlx::test(migrations = false)]
+    async fn marking_a_pass_reads_its_rows_after_the_table_grew_under_cached_plans(
+        options: sqlx::postgres::PgPoolOptions,
+        connect: sqlx::postgres::PgConnectOptions,
+    ) {
+        let pool = options
+            .max_connections(1)
+            .connect_with(connect)
+            .await
+            .unwrap();
+        crate::migrate::outbox(&pool).await.unwrap();
+        sqlx::query("ALTER TABLE outbox SET (autovacuum_enabled = off)")
+            .execute(&pool)
+            .await
+            .unwrap();
+        let insert = |rows: i64, status: &'static str| {
+            sqlx::query(
+                "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload, status)
+                 SELECT gen_random_uuid(), 'order', 'o' || i, 'OrderPlaced', '{}', $2
+                 FROM generate_series(1, $1) i",
+            )
+            .bind(rows)
+            .bind(status)
+        };
+        // More passes than PostgreSQL's five custom plans before it may keep a generic one, of
+        // a few rows each (a custom plan for one row is cheap enough to be kept instead).
+        for _ in 0..8 {
+            insert(3, "pending").execute(&pool).await.unwrap();
+            let mut tx = begin_claim(&pool, Duration::from_secs(30)).await.unwrap();
+            let seqs: Vec<i64> = claim(&mut tx, 10)
+                .await
+                .unwrap()
+                .iter()
+                .map(|c| c.seq)
+                .collect();
+            mark_published(&mut tx, &seqs).await.unwrap();
+            tx.commit().await.unwrap();
+        }
+        let grown = 100_000;
+        insert(grown, "published").execute(&pool).await.unwrap();
+        insert(1, "pending").execute(&pool).await.unwrap();
+
+        let mut tx = begin_claim(&pool, Duration::from_secs(30)).await.unwrap();
+        let seqs: Vec<i64> = claim(&mut tx, 10)
+            .await
+            .unwrap()
+            .iter()
+            .map(|c| c.seq)
+            .collect();
+        let before = read_rows(&mut tx).await;
+        mark_published(&mut tx, &seqs).await.unwrap();
+        let read = read_rows(&mut tx).await - before;
+
+        assert_eq!(seqs.len(), 1);
+        assert!(read <= 10, "marking 1 row read {read} of {grown} rows");
+    }
+
+    /// Rows the current transaction has read from the outbox, by scans or index fetches.
+    async fn read_rows(conn: &mut PgConnection) -> i64 {
+        sqlx::query_scalar(
+            "SELECT idx_tup_fetch + seq_tup_read FROM pg_stat_xact_user_tables
+             WHERE relname = 'outbox'",
+        )
+        .fetch_one(conn)
+        .await
+        .unwrap()
     }
 }
