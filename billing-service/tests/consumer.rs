@@ -58,12 +58,39 @@ impl TestApp {
         )
     }
 
-    /// Stops the service and starts it again on the same database and stream.
-    async fn restart(mut self) -> Self {
-        let (running, pool) = Self::start(self.config.clone()).await;
-        std::mem::replace(&mut self.running, running).stop().await;
-        self.pool = pool;
-        self
+    /// Stops the service and starts it again on the same database and stream, once the broker
+    /// holds no pull request of the stopped one: a message sent to such a request would reach
+    /// nobody and come back only after the ack wait, a second delivery the restart did not cause.
+    async fn restart(self) -> Self {
+        let Self {
+            running,
+            config,
+            jetstream,
+            prefix,
+            database,
+            stream,
+            ..
+        } = self;
+        running.stop().await;
+        let broker_stream = jetstream.get_stream(&stream).await.unwrap();
+        eventually("no pull request of the stopped service", WAIT, || async {
+            let info = broker_stream
+                .consumer_info(&config.consumer.name)
+                .await
+                .ok()?;
+            (info.num_waiting == 0).then_some(())
+        })
+        .await;
+        let (running, pool) = Self::start(config.clone()).await;
+        Self {
+            running,
+            config,
+            pool,
+            jetstream,
+            prefix,
+            database,
+            stream,
+        }
     }
 
     /// Publishes a message as the relay would, with `ce-id` = `id`.
