@@ -12,9 +12,9 @@ use service_kit::admin::{AdminSecurity, AdminToken};
 use service_kit::http::{self, BackgroundTask, Health};
 use service_kit::infra;
 use service_kit::metrics::Cached;
+use service_kit::startup::Base;
 use sqlx::PgPool;
 use sqlx::migrate::Migrator;
-use tokio::net::TcpListener;
 use utoipa::OpenApi;
 use utoipa_axum::router::OpenApiRouter;
 
@@ -78,11 +78,10 @@ pub async fn migrate(pool: &PgPool) -> anyhow::Result<()> {
 /// A built service, listening but not yet serving.
 #[derive(Debug)]
 pub struct App {
-    listener: TcpListener,
+    base: Base,
     router: Router,
     consumer: Consumer,
     cleanup: Cleanup,
-    pool: PgPool,
 }
 
 impl App {
@@ -91,17 +90,9 @@ impl App {
     pub async fn build(config: Config) -> anyhow::Result<Self> {
         crate::failpoints::warn_if_armed();
         let common = &config.common;
-        let pool = infra::connect_db(&common.database_url, common.database_max_connections).await?;
-        infra::prepare_schema(&pool, common.database_migrate, migrations()).await?;
-
-        let nats = infra::connect_nats_with(
-            &common.nats_url,
-            "billing-service",
-            &infra::NatsSecurity::from(common),
-        )
-        .await?;
-        let jetstream = async_nats::jetstream::new(nats.clone());
-        infra::ensure_stream(&jetstream, common).await?;
+        let base = Base::build(common, "billing-service", migrations()).await?;
+        let pool = base.pool.clone();
+        let jetstream = async_nats::jetstream::new(base.nats.clone());
         let durable = consumer::durable(
             &jetstream,
             &common.stream,
@@ -126,45 +117,32 @@ impl App {
             config.inbox_retention,
             sweep,
         );
-
-        let listener = TcpListener::bind(&common.listen_addr)
-            .await
-            .with_context(|| format!("cannot listen on LISTEN_ADDR={}", common.listen_addr))?;
-        let health = Health {
-            pool: pool.clone(),
-            nats,
-        };
-        let admin = AdminToken::new(common.admin_token.clone());
         let router = router(
             AppState {
-                pool: pool.clone(),
+                pool,
                 rules,
-                health,
-                admin,
+                health: base.health(),
+                admin: AdminToken::new(common.admin_token.clone()),
                 gauges: Arc::new(Cached::new(service_kit::metrics::GAUGE_INTERVAL)),
             },
             http::Limits::from(common),
         );
         Ok(Self {
-            listener,
+            base,
             router,
             consumer,
             cleanup,
-            pool,
         })
     }
 
     /// The port the API listens on.
     pub fn port(&self) -> u16 {
-        self.listener
-            .local_addr()
-            .map(|a| a.port())
-            .unwrap_or_default()
+        self.base.port()
     }
 
     /// The database pool, for tests that check rows.
     pub fn pool(&self) -> &PgPool {
-        &self.pool
+        &self.base.pool
     }
 
     /// Serves until `shutdown` resolves: stops accepting, finishes in-flight requests, lets the
@@ -173,12 +151,13 @@ impl App {
         self,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> anyhow::Result<()> {
-        tracing::info!(port = self.port(), "billing-service listening");
         let (consumer, cleanup) = (self.consumer, self.cleanup);
         let tasks: Vec<BackgroundTask> = vec![
             Box::new(|stop| Box::pin(consumer.run(stop))),
             Box::new(|stop| Box::pin(cleanup.run(stop))),
         ];
-        http::run_until_stopped(self.listener, self.router, self.pool, tasks, shutdown).await
+        self.base
+            .run_until_stopped(self.router, tasks, shutdown)
+            .await
     }
 }

@@ -4,7 +4,6 @@
 use std::future::Future;
 use std::sync::Arc;
 
-use anyhow::Context as _;
 use async_nats::jetstream::context::ContextBuilder;
 use axum::Router;
 use axum::extract::FromRef;
@@ -13,9 +12,9 @@ use service_kit::admin::{AdminSecurity, AdminToken};
 use service_kit::http::{self, BackgroundTask, Health};
 use service_kit::infra;
 use service_kit::metrics::Cached;
+use service_kit::startup::Base;
 use sqlx::PgPool;
 use sqlx::migrate::Migrator;
-use tokio::net::TcpListener;
 use utoipa::OpenApi;
 use utoipa_axum::router::OpenApiRouter;
 
@@ -77,30 +76,20 @@ pub async fn migrate(pool: &PgPool) -> anyhow::Result<()> {
 /// A built service, listening but not yet serving.
 #[derive(Debug)]
 pub struct App {
-    listener: TcpListener,
+    base: Base,
     router: Router,
     relay: Option<Relay<JetStreamPublisher>>,
     cleanup: Cleanup,
-    pool: PgPool,
 }
 
 impl App {
     /// Connects (creating the database if missing), migrates, sets up the stream and binds.
     pub async fn build(config: Config) -> anyhow::Result<Self> {
-        let common = &config.common;
-        let pool = infra::connect_db(&common.database_url, common.database_max_connections).await?;
-        infra::prepare_schema(&pool, common.database_migrate, migrations()).await?;
-
-        let nats = infra::connect_nats_with(
-            &common.nats_url,
-            "orders-service",
-            &infra::NatsSecurity::from(common),
-        )
-        .await?;
+        let base = Base::build(&config.common, "orders-service", migrations()).await?;
+        let pool = base.pool.clone();
         let jetstream = ContextBuilder::new()
             .timeout(config.publish_timeout)
-            .build(nats.clone());
-        infra::ensure_stream(&jetstream, common).await?;
+            .build(base.nats.clone());
         // The relay of this process is woken through memory; without one, the relays of other
         // instances are told with a NOTIFY sent after each commit (see outbox_core::wakeup).
         let wakeup = if config.relay_enabled {
@@ -116,46 +105,32 @@ impl App {
             )
             .with_wakeup(&wakeup)
         });
-
-        let listener = TcpListener::bind(&common.listen_addr)
-            .await
-            .with_context(|| format!("cannot listen on LISTEN_ADDR={}", common.listen_addr))?;
-        let health = Health {
-            pool: pool.clone(),
-            nats,
-        };
-        let admin = AdminToken::new(common.admin_token.clone());
         let router = router(
             AppState {
                 pool: pool.clone(),
                 wakeup,
-                health,
-                admin,
+                health: base.health(),
+                admin: AdminToken::new(config.common.admin_token.clone()),
                 gauges: Arc::new(Cached::new(service_kit::metrics::GAUGE_INTERVAL)),
             },
-            http::Limits::from(common),
+            http::Limits::from(&config.common),
         );
-        let cleanup = Cleanup::outbox(pool.clone(), config.outbox_retention);
         Ok(Self {
-            listener,
+            base,
             router,
             relay,
-            cleanup,
-            pool,
+            cleanup: Cleanup::outbox(pool, config.outbox_retention),
         })
     }
 
     /// The port the API listens on.
     pub fn port(&self) -> u16 {
-        self.listener
-            .local_addr()
-            .map(|a| a.port())
-            .unwrap_or_default()
+        self.base.port()
     }
 
     /// The database pool, for tests that check rows.
     pub fn pool(&self) -> &PgPool {
-        &self.pool
+        &self.base.pool
     }
 
     /// Serves until `shutdown` resolves: stops accepting, finishes in-flight requests, lets the
@@ -164,12 +139,13 @@ impl App {
         self,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> anyhow::Result<()> {
-        tracing::info!(port = self.port(), "orders-service listening");
         let cleanup = self.cleanup;
         let mut tasks: Vec<BackgroundTask> = vec![Box::new(|stop| Box::pin(cleanup.run(stop)))];
         if let Some(relay) = self.relay {
             tasks.push(Box::new(|stop| Box::pin(relay.run(stop))));
         }
-        http::run_until_stopped(self.listener, self.router, self.pool, tasks, shutdown).await
+        self.base
+            .run_until_stopped(self.router, tasks, shutdown)
+            .await
     }
 }

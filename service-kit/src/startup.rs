@@ -1,0 +1,82 @@
+//! What every service's start-up shares: the connections and the listener made before its own
+//! parts, and serving with its background tasks until stopped.
+
+use std::future::Future;
+
+use anyhow::Context as _;
+use sqlx::PgPool;
+use sqlx::migrate::Migrator;
+use tokio::net::TcpListener;
+
+use crate::config::Common;
+use crate::http::{self, BackgroundTask, Health};
+use crate::infra;
+
+/// A service's database (migrated), NATS connection (stream in place) and bound listener.
+#[derive(Debug)]
+pub struct Base {
+    /// The service's database.
+    pub pool: PgPool,
+    /// The NATS connection, named after the service.
+    pub nats: async_nats::Client,
+    listener: TcpListener,
+    service: &'static str,
+}
+
+impl Base {
+    /// Connects to `DATABASE_URL` (creating the database if missing) and applies or checks
+    /// `migrations`, connects to NATS as `service`, creates or updates the stream, and binds
+    /// `LISTEN_ADDR`.
+    pub async fn build(
+        common: &Common,
+        service: &'static str,
+        migrations: Vec<(&'static str, Migrator)>,
+    ) -> anyhow::Result<Self> {
+        let pool = infra::connect_db(&common.database_url, common.database_max_connections).await?;
+        infra::prepare_schema(&pool, common.database_migrate, migrations).await?;
+        let nats = infra::connect_nats_with(
+            &common.nats_url,
+            service,
+            &infra::NatsSecurity::from(common),
+        )
+        .await?;
+        infra::ensure_stream(&async_nats::jetstream::new(nats.clone()), common).await?;
+        let listener = TcpListener::bind(&common.listen_addr)
+            .await
+            .with_context(|| format!("cannot listen on LISTEN_ADDR={}", common.listen_addr))?;
+        Ok(Self {
+            pool,
+            nats,
+            listener,
+            service,
+        })
+    }
+
+    /// What readiness checks: the database and NATS.
+    pub fn health(&self) -> Health {
+        Health {
+            pool: self.pool.clone(),
+            nats: self.nats.clone(),
+        }
+    }
+
+    /// The port the API listens on.
+    pub fn port(&self) -> u16 {
+        self.listener
+            .local_addr()
+            .map(|a| a.port())
+            .unwrap_or_default()
+    }
+
+    /// Serves `router` and runs `tasks` until `shutdown` resolves, as
+    /// [`http::run_until_stopped`] does.
+    pub async fn run_until_stopped(
+        self,
+        router: axum::Router,
+        tasks: Vec<BackgroundTask>,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> anyhow::Result<()> {
+        tracing::info!(port = self.port(), "{} listening", self.service);
+        http::run_until_stopped(self.listener, router, self.pool, tasks, shutdown).await
+    }
+}
