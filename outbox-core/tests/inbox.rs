@@ -330,3 +330,174 @@ async fn stats_follow_the_records_and_the_cleanup(pool: PgPool) {
     let stats = inbox.stats().await.unwrap();
     assert_eq!((stats.processed, stats.duplicate), (0, 0));
 }
+
+/// The key `inbox_records` holds for `id`.
+async fn key_of(pool: &PgPool, id: &str) -> uuid::Uuid {
+    sqlx::query_scalar("SELECT inbox_key($1)")
+        .bind(id)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+/// An id in a UUID's canonical text is its own 16-byte key, keeping its order; any other id is
+/// keyed by its SHA-256, so ids differing only in case are other messages.
+#[sqlx::test(migrations = false)]
+async fn ids_are_keyed_in_sixteen_bytes(pool: PgPool) {
+    migrate(&pool).await;
+    create_counter(&pool).await;
+    let inbox = Inbox::new(pool.clone(), "billing");
+    let uuid = "0193a0c4-7d1e-7c3b-9f1a-000000000001";
+    let ids = [uuid, &uuid.to_uppercase(), "m1", "order:42@shop_1-x"];
+    for id in ids {
+        let outcome = count_up(&inbox, id, &Digest::of(&[id.as_bytes()])).await;
+        assert_eq!(outcome, Outcome::Processed(()), "{id}");
+    }
+    assert_eq!(counter(&pool).await, 4);
+    assert_eq!(
+        key_of(&pool, uuid).await,
+        uuid.parse::<uuid::Uuid>().unwrap()
+    );
+    assert_ne!(
+        key_of(&pool, &uuid.to_uppercase()).await,
+        key_of(&pool, uuid).await
+    );
+    let keys: Vec<uuid::Uuid> = sqlx::query_scalar("SELECT key FROM inbox_records ORDER BY key")
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    let mut expected = Vec::new();
+    for id in ids {
+        expected.push(key_of(&pool, id).await);
+    }
+    expected.sort();
+    assert_eq!(keys, expected);
+    // The hashed key is SHA-256's first 16 bytes, as the migration documents.
+    let sha = <sha2::Sha256 as sha2::Digest>::digest(b"m1");
+    assert_eq!(
+        key_of(&pool, "m1").await,
+        uuid::Uuid::from_slice(&sha[..16]).unwrap()
+    );
+}
+
+/// What the previous version's inbox did to record message `id`: a row in `inbox`, by its id,
+/// and its count.
+async fn record_as_before(
+    conn: &mut sqlx::PgConnection,
+    id: &str,
+    digest: &Digest,
+) -> sqlx::Result<i64> {
+    sqlx::query_scalar(
+        "WITH inserted AS (
+             INSERT INTO inbox (consumer, message_id, digest) VALUES ('billing', $1, $2)
+             ON CONFLICT (consumer, message_id) DO NOTHING
+             RETURNING message_id
+         ),
+         counted AS (
+             INSERT INTO inbox_counts (consumer, slot, processed)
+             SELECT 'billing', 0, count(*) FROM inserted HAVING count(*) > 0
+             ON CONFLICT (consumer, slot)
+             DO UPDATE SET processed = inbox_counts.processed + EXCLUDED.processed
+         )
+         SELECT count(*) FROM inserted",
+    )
+    .bind(id)
+    .bind(digest.as_bytes().as_slice())
+    .fetch_one(conn)
+    .await
+}
+
+/// The move to compact keys needs no downtime: records the previous version made before the
+/// migration (in `inbox`, nothing copied) still make their copies duplicates; while it still
+/// runs beside this one, a message both record at once is applied once, whichever commits
+/// first; the cleanup ages out both tables and the counts come back to zero.
+#[sqlx::test(migrations = false)]
+async fn records_of_the_previous_version_keep_their_copies_out(pool: PgPool) {
+    migrate(&pool).await;
+    create_counter(&pool).await;
+    let inbox = Inbox::new(pool.clone(), "billing");
+    let digest = Digest::of(&[b"body"]);
+    let mut conn = pool.acquire().await.unwrap();
+
+    // Made before the migration: no trigger then.
+    sqlx::query("ALTER TABLE inbox DISABLE TRIGGER inbox_record_key")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    record_as_before(&mut conn, "before", &digest)
+        .await
+        .unwrap();
+    sqlx::query("ALTER TABLE inbox ENABLE TRIGGER inbox_record_key")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    assert_eq!(
+        count_up(&inbox, "before", &digest).await,
+        Outcome::Duplicate
+    );
+    let other = Digest::of(&[b"other body"]);
+    assert_eq!(count_up(&inbox, "before", &other).await, Outcome::IdReused);
+
+    // The previous version beside this one, committing first: its record is seen.
+    assert_eq!(
+        record_as_before(&mut conn, "old-first", &digest)
+            .await
+            .unwrap(),
+        1
+    );
+    assert_eq!(
+        count_up(&inbox, "old-first", &digest).await,
+        Outcome::Duplicate
+    );
+    // This one committing first: the previous version's record of it fails (and is retried
+    // there) instead of applying the message again.
+    assert_eq!(
+        count_up(&inbox, "new-first", &digest).await,
+        Outcome::Processed(())
+    );
+    let refused = record_as_before(&mut conn, "new-first", &digest)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        refused
+            .as_database_error()
+            .and_then(sqlx::error::DatabaseError::code)
+            .as_deref(),
+        Some("23505")
+    );
+    // Both at once: this one's record waits on the previous version's open transaction and,
+    // once that commits, finds the message recorded.
+    let mut open = pool.begin().await.unwrap();
+    record_as_before(&mut open, "together", &digest)
+        .await
+        .unwrap();
+    let racing = {
+        let inbox = inbox.clone();
+        tokio::spawn(async move { count_up(&inbox, "together", &digest).await })
+    };
+    outbox_core::testing::eventually(
+        "the inbox waiting on the open record",
+        std::time::Duration::from_secs(10),
+        || async {
+            let waiting: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity
+                 WHERE datname = current_database() AND wait_event_type = 'Lock'",
+            )
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+            (waiting > 0).then_some(())
+        },
+    )
+    .await;
+    open.commit().await.unwrap();
+    assert_eq!(racing.await.unwrap(), Outcome::Duplicate);
+    assert_eq!(counter(&pool).await, 1, "only new-first was applied here");
+
+    // Everything ages out of both tables; every count taken on comes off again.
+    inbox.cleanup(std::time::Duration::ZERO, 2).await.unwrap();
+    assert_eq!(count(&pool, "inbox").await, 0);
+    assert_eq!(count(&pool, "inbox_records").await, 0);
+    let stats = inbox.stats().await.unwrap();
+    assert_eq!((stats.processed, stats.duplicate), (0, 0));
+}

@@ -219,8 +219,8 @@ pub async fn fill(rows: i64) -> anyhow::Result<(Filled, Growth)> {
         .await?;
         // The ids the relay publishes, hence billing's keys, are UUIDv7 too.
         sqlx::query(
-            "INSERT INTO inbox (consumer, message_id, received_at, digest)
-             SELECT $4, id::text, at, sha256(id::text::bytea)
+            "INSERT INTO inbox_records (consumer, key, received_at, digest)
+             SELECT $4, id, at, sha256(id::text::bytea)
              FROM (SELECT encode(overlay(uuid_send(gen_random_uuid()) placing
                               substring(int8send((extract(epoch FROM at) * 1000)::bigint) FROM 3)
                               FROM 1 FOR 6), 'hex')::uuid AS id, at
@@ -243,7 +243,7 @@ pub async fn fill(rows: i64) -> anyhow::Result<(Filled, Growth)> {
         .execute(&billing)
         .await?;
     // As autovacuum would have by the time the tables are that big.
-    for (pool, table) in [(&orders, "outbox"), (&billing, "inbox")] {
+    for (pool, table) in [(&orders, "outbox"), (&billing, "inbox_records")] {
         sqlx::raw_sql(sqlx::AssertSqlSafe(format!("VACUUM ANALYZE {table}")))
             .execute(pool)
             .await?;
@@ -262,7 +262,7 @@ pub async fn fill(rows: i64) -> anyhow::Result<(Filled, Growth)> {
         rows,
         fill_secs: start.elapsed().as_secs_f64(),
         outbox_bytes_per_event: size(&orders, "outbox").await?,
-        inbox_bytes_per_record: size(&billing, "inbox").await?,
+        inbox_bytes_per_record: size(&billing, "inbox_records").await?,
         ..Growth::default()
     };
     orders.close().await;
@@ -310,7 +310,11 @@ pub async fn cleanup(filled: &Filled, connections: usize) -> anyhow::Result<Clea
                 "outbox",
                 outbox_core::outbox::cleanup(&orders_db, outbox_retention, 1000)
             ),
-            round(&billing_db, "inbox", inbox.cleanup(inbox_retention, 1000)),
+            round(
+                &billing_db,
+                "inbox_records",
+                inbox.cleanup(inbox_retention, 1000)
+            ),
         );
         stop.cancel();
         rounds

@@ -361,9 +361,10 @@ async fn measure(orders_db: &PgPool, billing_db: &PgPool, filled: i64) -> anyhow
     .await?;
     let first = placed.iter().map(|p| p.2).min().unwrap_or_else(Utc::now);
     let invoiced = stamps(billing_db, "SELECT order_id, created_at FROM invoices").await?;
-    // The filled records were all received before the phase's first order.
+    // The filled records were all received before the phase's first order. An event's id, a
+    // UUID, is its inbox key.
     let received: HashMap<String, Stamp> = sqlx::query_as::<_, (String, Stamp)>(
-        "SELECT message_id, received_at FROM inbox WHERE received_at >= $1",
+        "SELECT key::text, received_at FROM inbox_records WHERE received_at >= $1",
     )
     .bind(first)
     .fetch_all(billing_db)

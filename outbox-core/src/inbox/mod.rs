@@ -6,6 +6,10 @@
 //! not a copy but a producer reusing an id, [`Outcome::IdReused`], and nothing runs either. A
 //! failed effect rolls back the record too, so a later delivery tries again. Messages that can
 //! never be applied are kept as dead letters ([`Inbox::dead_letter`]).
+//!
+//! A record (table `inbox_records`) keeps the id in 16 bytes: a UUID in canonical text is its
+//! own key, any other id the first 16 bytes of its SHA-256 (SQL function `inbox_key`). Records
+//! of the crate's earlier versions, in table `inbox`, are still read until they age out.
 
 pub(crate) mod storage;
 

@@ -27,17 +27,24 @@ pub(crate) async fn record(
     digests: &[&[u8]],
     slot: i16,
 ) -> sqlx::Result<Vec<Recorded>> {
-    // In id order, so that two consumers recording overlapping batches take the rows' locks in
-    // the same order and never deadlock.
+    // In key order, so that two consumers recording overlapping batches take the rows' locks in
+    // the same order and never deadlock. A message recorded in `inbox` (before the compact
+    // keys) is no new one either.
     let inserted = sqlx::query_scalar!(
         r#"
-        WITH inserted AS (
-            INSERT INTO inbox (consumer, message_id, digest)
-            SELECT $1, message_id, digest
+        WITH m AS (
+            SELECT message_id, digest, inbox_key(message_id) AS key
             FROM unnest($2::text[], $3::bytea[]) AS m(message_id, digest)
-            ORDER BY message_id
-            ON CONFLICT (consumer, message_id) DO NOTHING
-            RETURNING message_id
+        ),
+        inserted AS (
+            INSERT INTO inbox_records (consumer, key, digest)
+            SELECT $1, key, digest FROM m
+            WHERE NOT EXISTS (
+                SELECT FROM inbox WHERE inbox.consumer = $1 AND inbox.message_id = m.message_id
+            )
+            ORDER BY key
+            ON CONFLICT (consumer, key) DO NOTHING
+            RETURNING key
         ),
         counted AS (
             INSERT INTO inbox_counts (consumer, slot, processed)
@@ -45,7 +52,7 @@ pub(crate) async fn record(
             ON CONFLICT (consumer, slot)
             DO UPDATE SET processed = inbox_counts.processed + EXCLUDED.processed
         )
-        SELECT message_id AS "message_id!" FROM inserted
+        SELECT m.message_id AS "message_id!" FROM m JOIN inserted USING (key)
         "#,
         consumer,
         ids as &[&str],
@@ -74,16 +81,33 @@ pub(crate) async fn record(
     if seen.is_empty() {
         return Ok(recorded);
     }
-    // A row from before digests were kept matches any copy.
+    // A row from before digests were kept matches any copy. A message recorded in `inbox`
+    // counts its copies there, unless its key was taken here too (by the previous version's
+    // instances while they ran beside this one).
     let copies = sqlx::query_scalar!(
         r#"
-        WITH copies AS (
-            UPDATE inbox SET duplicates = inbox.duplicates + 1
+        WITH m AS (
+            SELECT message_id, digest, inbox_key(message_id) AS key
             FROM unnest($2::text[], $3::bytea[]) AS m(message_id, digest)
+        ),
+        keyed AS (
+            UPDATE inbox_records r SET duplicates = r.duplicates + 1
+            FROM m
+            WHERE r.consumer = $1 AND r.key = m.key
+              AND (r.digest IS NULL OR r.digest = m.digest)
+            RETURNING m.message_id
+        ),
+        named AS (
+            UPDATE inbox SET duplicates = inbox.duplicates + 1
+            FROM m
             WHERE inbox.consumer = $1 AND inbox.message_id = m.message_id
               AND (inbox.digest IS NULL OR inbox.digest = m.digest)
-            RETURNING inbox.message_id
+              AND NOT EXISTS (
+                  SELECT FROM inbox_records r WHERE r.consumer = $1 AND r.key = m.key
+              )
+            RETURNING m.message_id
         ),
+        copies AS (SELECT message_id FROM keyed UNION ALL SELECT message_id FROM named),
         counted AS (
             INSERT INTO inbox_counts (consumer, slot, duplicates)
             SELECT $1, $4, count(*) FROM copies HAVING count(*) > 0
@@ -252,8 +276,8 @@ pub(crate) async fn stats(pool: &PgPool, consumer: &str, limit: i64) -> sqlx::Re
     .await
 }
 
-/// Deletes up to `batch` records of `consumer` older than `retention`, and takes them off the
-/// consumer's counts.
+/// Deletes up to `batch` records of `consumer` older than `retention` from each inbox table,
+/// and takes them off the consumer's counts.
 pub(crate) async fn delete_older(
     pool: &PgPool,
     consumer: &str,
@@ -262,7 +286,16 @@ pub(crate) async fn delete_older(
 ) -> sqlx::Result<u64> {
     let deleted = sqlx::query_scalar!(
         r#"
-        WITH gone AS (
+        WITH keyed AS (
+            DELETE FROM inbox_records
+            WHERE (consumer, key) IN (
+                SELECT consumer, key FROM inbox_records
+                WHERE consumer = $1 AND received_at < now() - make_interval(secs => $2)
+                LIMIT $3
+            )
+            RETURNING duplicates
+        ),
+        named AS (
             DELETE FROM inbox
             WHERE (consumer, message_id) IN (
                 SELECT consumer, message_id FROM inbox
@@ -271,6 +304,7 @@ pub(crate) async fn delete_older(
             )
             RETURNING duplicates
         ),
+        gone AS (SELECT duplicates FROM keyed UNION ALL SELECT duplicates FROM named),
         counted AS (
             INSERT INTO inbox_counts (consumer, slot, processed, duplicates)
             SELECT $1, 0, -count(*), -COALESCE(sum(duplicates), 0) FROM gone HAVING count(*) > 0
