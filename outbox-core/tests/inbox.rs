@@ -340,28 +340,40 @@ async fn key_of(pool: &PgPool, id: &str) -> uuid::Uuid {
         .unwrap()
 }
 
+/// The key `inbox_key` makes of an id that is not a UUID: the first 16 bytes of its SHA-256,
+/// marked as a version-8 UUID.
+fn hashed_key(id: &str) -> uuid::Uuid {
+    let sha = <sha2::Sha256 as sha2::Digest>::digest(id.as_bytes());
+    let mut bytes: [u8; 16] = sha[..16].try_into().unwrap();
+    bytes[6] = (bytes[6] & 0x0f) | 0x80;
+    bytes[8] = (bytes[8] & 0x3f) | 0x80;
+    uuid::Uuid::from_bytes(bytes)
+}
+
 /// An id in a UUID's canonical text is its own 16-byte key, keeping its order; any other id is
-/// keyed by its SHA-256, so ids differing only in case are other messages.
+/// keyed by its SHA-256, so ids differing only in case are other messages, and an id written
+/// as another id's hashed key is no copy of it.
 #[sqlx::test(migrations = false)]
 async fn ids_are_keyed_in_sixteen_bytes(pool: PgPool) {
     migrate(&pool).await;
     create_counter(&pool).await;
     let inbox = Inbox::new(pool.clone(), "billing");
     let uuid = "0193a0c4-7d1e-7c3b-9f1a-000000000001";
-    let ids = [uuid, &uuid.to_uppercase(), "m1", "order:42@shop_1-x"];
+    let upper = uuid.to_uppercase();
+    let crafted = hashed_key("m1").hyphenated().to_string();
+    let ids = [uuid, &upper, "m1", "order:42@shop_1-x", &crafted];
     for id in ids {
-        let outcome = count_up(&inbox, id, &Digest::of(&[id.as_bytes()])).await;
+        let outcome = count_up(&inbox, id, &Digest::of(&[b"same body"])).await;
         assert_eq!(outcome, Outcome::Processed(()), "{id}");
     }
-    assert_eq!(counter(&pool).await, 4);
+    assert_eq!(counter(&pool).await, 5);
     assert_eq!(
         key_of(&pool, uuid).await,
         uuid.parse::<uuid::Uuid>().unwrap()
     );
-    assert_ne!(
-        key_of(&pool, &uuid.to_uppercase()).await,
-        key_of(&pool, uuid).await
-    );
+    for id in [&upper, "m1", "order:42@shop_1-x", &crafted] {
+        assert_eq!(key_of(&pool, id).await, hashed_key(id), "{id}");
+    }
     let keys: Vec<uuid::Uuid> = sqlx::query_scalar("SELECT key FROM inbox_records ORDER BY key")
         .fetch_all(&pool)
         .await
@@ -372,12 +384,32 @@ async fn ids_are_keyed_in_sixteen_bytes(pool: PgPool) {
     }
     expected.sort();
     assert_eq!(keys, expected);
-    // The hashed key is SHA-256's first 16 bytes, as the migration documents.
-    let sha = <sha2::Sha256 as sha2::Digest>::digest(b"m1");
-    assert_eq!(
-        key_of(&pool, "m1").await,
-        uuid::Uuid::from_slice(&sha[..16]).unwrap()
-    );
+}
+
+/// Two ids of one batch sharing a key (as ids may, if only by SHA-256's 122 bits) take one
+/// record: one is applied and the other is judged against it, never applied beside it.
+#[sqlx::test(migrations = false)]
+async fn ids_of_a_batch_sharing_a_key_are_applied_once(pool: PgPool) {
+    migrate(&pool).await;
+    create_counter(&pool).await;
+    // A key shared on purpose: the function as the migration made it, then one mapping two
+    // ids to one key.
+    sqlx::raw_sql(
+        "ALTER FUNCTION inbox_key(text) RENAME TO inbox_key_made;
+         CREATE FUNCTION inbox_key(message_id text) RETURNS uuid LANGUAGE sql STABLE
+         AS $$ SELECT inbox_key_made(CASE WHEN message_id = 'twin' THEN 'm1' ELSE message_id END) $$",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let inbox = Inbox::new(pool.clone(), "billing");
+    let same = Digest::of(&[b"same"]);
+    let other = Digest::of(&[b"other"]);
+    let outcomes = count_up_batch(&inbox, &[("twin", same), ("m1", same)]).await;
+    assert_eq!(outcomes, [Outcome::Duplicate, Outcome::Processed(())]);
+    let outcomes = count_up_batch(&inbox, &[("twin", other), ("m2", other)]).await;
+    assert_eq!(outcomes, [Outcome::IdReused, Outcome::Processed(())]);
+    assert_eq!(counter(&pool).await, 2);
 }
 
 /// What the previous version's inbox did to record message `id`: a row in `inbox`, by its id,
@@ -493,6 +525,12 @@ async fn records_of_the_previous_version_keep_their_copies_out(pool: PgPool) {
     open.commit().await.unwrap();
     assert_eq!(racing.await.unwrap(), Outcome::Duplicate);
     assert_eq!(counter(&pool).await, 1, "only new-first was applied here");
+    let stats = inbox.stats().await.unwrap();
+    assert_eq!(
+        (stats.processed, stats.duplicate),
+        (4, 3),
+        "each message counted once, whichever version recorded it"
+    );
 
     // Everything ages out of both tables; every count taken on comes off again.
     inbox.cleanup(std::time::Duration::ZERO, 2).await.unwrap();

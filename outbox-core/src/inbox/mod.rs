@@ -8,8 +8,9 @@
 //! never be applied are kept as dead letters ([`Inbox::dead_letter`]).
 //!
 //! A record (table `inbox_records`) keeps the id in 16 bytes: a UUID in canonical text is its
-//! own key, any other id the first 16 bytes of its SHA-256 (SQL function `inbox_key`). Records
-//! of the crate's earlier versions, in table `inbox`, are still read until they age out.
+//! own key, any other id (and a UUID of version 8) is keyed by its SHA-256 marked as a
+//! version-8 UUID (SQL function `inbox_key`). Records of the crate's earlier versions, in
+//! table `inbox`, are still read until they age out.
 
 pub(crate) mod storage;
 
@@ -371,9 +372,9 @@ impl Inbox {
         Ok(stats)
     }
 
-    /// Deletes inbox records older than `retention`, `batch` rows per statement, and returns
-    /// how many were deleted. Keep `retention` longer than any redelivery can arrive: a
-    /// message redelivered after its record is gone would be applied again.
+    /// Deletes inbox records older than `retention`, `batch` rows of each table per statement,
+    /// and returns how many were deleted. Keep `retention` longer than any redelivery can
+    /// arrive: a message redelivered after its record is gone would be applied again.
     pub async fn cleanup(&self, retention: Duration, batch: i64) -> sqlx::Result<u64> {
         let mut deleted = 0;
         loop {

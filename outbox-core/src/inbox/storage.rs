@@ -27,14 +27,57 @@ pub(crate) async fn record(
     digests: &[&[u8]],
     slot: i16,
 ) -> sqlx::Result<Vec<Recorded>> {
-    // In key order, so that two consumers recording overlapping batches take the rows' locks in
-    // the same order and never deadlock. A message recorded in `inbox` (before the compact
-    // keys) is no new one either.
-    let inserted = sqlx::query_scalar!(
+    let inserted = insert_new(conn, consumer, ids, digests, slot).await?;
+    let mut recorded: Vec<Recorded> = ids
+        .iter()
+        .map(|id| {
+            if inserted.iter().any(|new| new == id) {
+                Recorded::New
+            } else {
+                Recorded::OtherContent
+            }
+        })
+        .collect();
+    let (seen, seen_digests): (Vec<&str>, Vec<&[u8]>) = ids
+        .iter()
+        .zip(digests)
+        .zip(&recorded)
+        .filter(|(_, recorded)| **recorded != Recorded::New)
+        .map(|((id, digest), _)| (*id, *digest))
+        .unzip();
+    if seen.is_empty() {
+        return Ok(recorded);
+    }
+    let copies = count_copies(conn, consumer, &seen, &seen_digests, slot).await?;
+    for (id, recorded) in ids.iter().zip(&mut recorded) {
+        if *recorded == Recorded::OtherContent && copies.iter().any(|copy| copy == id) {
+            *recorded = Recorded::Copy;
+        }
+    }
+    Ok(recorded)
+}
+
+/// Records the ids of `ids` not recorded yet and returns them, counting them in `slot`.
+async fn insert_new(
+    conn: &mut PgConnection,
+    consumer: &str,
+    ids: &[&str],
+    digests: &[&[u8]],
+    slot: i16,
+) -> sqlx::Result<Vec<String>> {
+    // In key order, so that two consumers of this version recording overlapping batches take
+    // the rows' locks in the same order and never deadlock. A message recorded in `inbox`
+    // (before the compact keys) is no new one. Of two ids of a batch sharing a key, one is
+    // recorded and the other is judged as a delivery of it (`count_copies`).
+    sqlx::query_scalar!(
         r#"
         WITH m AS (
-            SELECT message_id, digest, inbox_key(message_id) AS key
-            FROM unnest($2::text[], $3::bytea[]) AS m(message_id, digest)
+            SELECT DISTINCT ON (key) message_id, digest, key
+            FROM (
+                SELECT message_id, digest, inbox_key(message_id) AS key
+                FROM unnest($2::text[], $3::bytea[]) AS m(message_id, digest)
+            ) AS keyed
+            ORDER BY key, message_id
         ),
         inserted AS (
             INSERT INTO inbox_records (consumer, key, digest)
@@ -59,32 +102,23 @@ pub(crate) async fn record(
         digests as &[&[u8]],
         slot,
     )
-    .fetch_all(&mut *conn)
-    .await?;
-    let mut recorded: Vec<Recorded> = ids
-        .iter()
-        .map(|id| {
-            if inserted.iter().any(|new| new == id) {
-                Recorded::New
-            } else {
-                Recorded::OtherContent
-            }
-        })
-        .collect();
-    let (seen, seen_digests): (Vec<&str>, Vec<&[u8]>) = ids
-        .iter()
-        .zip(digests)
-        .zip(&recorded)
-        .filter(|(_, recorded)| **recorded != Recorded::New)
-        .map(|((id, digest), _)| (*id, *digest))
-        .unzip();
-    if seen.is_empty() {
-        return Ok(recorded);
-    }
+    .fetch_all(conn)
+    .await
+}
+
+/// Counts a duplicate on the records of `ids` whose digest matches (or was not kept) and
+/// returns those ids, counting them in `slot`.
+async fn count_copies(
+    conn: &mut PgConnection,
+    consumer: &str,
+    ids: &[&str],
+    digests: &[&[u8]],
+    slot: i16,
+) -> sqlx::Result<Vec<String>> {
     // A row from before digests were kept matches any copy. A message recorded in `inbox`
     // counts its copies there, unless its key was taken here too (by the previous version's
     // instances while they ran beside this one).
-    let copies = sqlx::query_scalar!(
+    sqlx::query_scalar!(
         r#"
         WITH m AS (
             SELECT message_id, digest, inbox_key(message_id) AS key
@@ -117,18 +151,12 @@ pub(crate) async fn record(
         SELECT message_id AS "message_id!" FROM copies
         "#,
         consumer,
-        &seen as &[&str],
-        &seen_digests as &[&[u8]],
+        ids as &[&str],
+        digests as &[&[u8]],
         slot,
     )
     .fetch_all(conn)
-    .await?;
-    for (id, recorded) in ids.iter().zip(&mut recorded) {
-        if *recorded == Recorded::OtherContent && copies.iter().any(|copy| copy == id) {
-            *recorded = Recorded::Copy;
-        }
-    }
-    Ok(recorded)
+    .await
 }
 
 /// Inserts a dead letter and returns its id; with `once`, nothing (and `None`) when the
@@ -277,7 +305,8 @@ pub(crate) async fn stats(pool: &PgPool, consumer: &str, limit: i64) -> sqlx::Re
 }
 
 /// Deletes up to `batch` records of `consumer` older than `retention` from each inbox table,
-/// and takes them off the consumer's counts.
+/// and takes them off the consumer's counts (a key taken for a record in `inbox` is counted
+/// there).
 pub(crate) async fn delete_older(
     pool: &PgPool,
     consumer: &str,
@@ -293,7 +322,7 @@ pub(crate) async fn delete_older(
                 WHERE consumer = $1 AND received_at < now() - make_interval(secs => $2)
                 LIMIT $3
             )
-            RETURNING duplicates
+            RETURNING duplicates, NOT from_inbox AS was_counted
         ),
         named AS (
             DELETE FROM inbox
@@ -302,12 +331,13 @@ pub(crate) async fn delete_older(
                 WHERE consumer = $1 AND received_at < now() - make_interval(secs => $2)
                 LIMIT $3
             )
-            RETURNING duplicates
+            RETURNING duplicates, true AS was_counted
         ),
-        gone AS (SELECT duplicates FROM keyed UNION ALL SELECT duplicates FROM named),
+        gone AS (SELECT * FROM keyed UNION ALL SELECT * FROM named),
         counted AS (
             INSERT INTO inbox_counts (consumer, slot, processed, duplicates)
-            SELECT $1, 0, -count(*), -COALESCE(sum(duplicates), 0) FROM gone HAVING count(*) > 0
+            SELECT $1, 0, -count(*) FILTER (WHERE was_counted), -COALESCE(sum(duplicates), 0)
+            FROM gone HAVING count(*) > 0
             ON CONFLICT (consumer, slot) DO UPDATE
             SET processed = inbox_counts.processed + EXCLUDED.processed,
                 duplicates = inbox_counts.duplicates + EXCLUDED.duplicates
