@@ -10,6 +10,8 @@ CREATE ROLE billing_app LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION 
 GRANT USAGE ON SCHEMA public TO billing_app;
 GRANT SELECT, INSERT, UPDATE ON invoices TO billing_app;
 -- UPDATE counts duplicates; DELETE: the cleanup task removes records after INBOX_RETENTION_MS.
+GRANT SELECT, INSERT, UPDATE, DELETE ON inbox_records TO billing_app;
+-- The records of outbox-core before its compact keys, read until they age out.
 GRANT SELECT, INSERT, UPDATE, DELETE ON inbox TO billing_app;
 -- The counts the inbox keeps as it records and deletes.
 GRANT SELECT, INSERT, UPDATE ON inbox_counts TO billing_app;

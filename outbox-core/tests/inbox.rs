@@ -539,3 +539,47 @@ async fn records_of_the_previous_version_keep_their_copies_out(pool: PgPool) {
     let stats = inbox.stats().await.unwrap();
     assert_eq!((stats.processed, stats.duplicate), (0, 0));
 }
+
+/// A role granted rights on `inbox` before the compact keys (a service that may not change the
+/// schema) holds the same on `inbox_records` once the migration ran.
+#[sqlx::test(migrations = false)]
+async fn the_migration_grants_inbox_records_as_inbox_was(pool: PgPool) {
+    outbox_core::migrate::outbox(&pool).await.unwrap();
+    let mut before = outbox_core::migrate::inbox_migrations();
+    before.migrations = before
+        .migrations
+        .iter()
+        .filter(|m| m.version < 20_261_203_000_008)
+        .cloned()
+        .collect::<Vec<_>>()
+        .into();
+    outbox_core::migrate::run(before, &pool).await.unwrap();
+    let role = format!("inbox_app_{}", uuid::Uuid::new_v4().simple());
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "CREATE ROLE {role} NOLOGIN; GRANT SELECT, INSERT, DELETE ON inbox TO {role}"
+    )))
+    .execute(&pool)
+    .await
+    .unwrap();
+    outbox_core::migrate::inbox(&pool).await.unwrap();
+    let privileges: Vec<(String, bool)> = sqlx::query_as(
+        "SELECT p, has_table_privilege($1, 'inbox_records', p)
+         FROM unnest(ARRAY['SELECT', 'INSERT', 'UPDATE', 'DELETE', 'TRUNCATE']) AS p",
+    )
+    .bind(&role)
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "DROP OWNED BY {role}; DROP ROLE {role}"
+    )))
+    .execute(&pool)
+    .await
+    .unwrap();
+    let held: Vec<&str> = privileges
+        .iter()
+        .filter(|(_, held)| *held)
+        .map(|(p, _)| p.as_str())
+        .collect();
+    assert_eq!(held, ["SELECT", "INSERT", "DELETE"]);
+}

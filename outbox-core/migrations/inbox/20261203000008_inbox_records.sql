@@ -32,6 +32,24 @@ CREATE TABLE inbox_records (
 );
 CREATE INDEX inbox_records_received_at ON inbox_records (received_at);
 
+-- Roles granted rights on `inbox` (a service running as a role that may not change the schema)
+-- get the same on `inbox_records`, so that they keep working once this migration ran.
+DO $$
+DECLARE
+    grant_ RECORD;
+BEGIN
+    FOR grant_ IN
+        SELECT a.grantee::regrole::text AS grantee,
+               string_agg(DISTINCT a.privilege_type, ', ') AS privileges
+        FROM pg_class AS c, aclexplode(c.relacl) AS a
+        WHERE c.oid = 'inbox'::regclass AND a.grantee NOT IN (0, c.relowner)
+        GROUP BY a.grantee
+    LOOP
+        EXECUTE format('GRANT %s ON inbox_records TO %s', grant_.privileges, grant_.grantee);
+    END LOOP;
+END
+$$;
+
 -- No downtime: nothing is copied. The table `inbox` stays as it was and is read beside this one
 -- (a copy of a message recorded there is still recognised) and aged out as before, until the
 -- retention has emptied it; a later release drops it. Meanwhile instances of the previous
