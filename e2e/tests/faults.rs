@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use e2e::cluster::{Cluster, Setup};
+use e2e::eventually;
 use outbox_core::NewEvent;
 use serde_json::json;
 
@@ -206,16 +207,19 @@ async fn billing_killed_after_commit_before_ack() {
     let ledger = load.finish().await;
     cluster.check(&ledger).await.assert_clean();
 
-    let stats: serde_json::Value = reqwest::get(format!("{}/inbox/stats", cluster.billing[0].url))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    assert!(
-        stats["duplicate"].as_i64().unwrap() >= 1,
-        "the unacked message came back: {stats}"
-    );
+    // The message in hand at the abort comes back after the ack wait (30 s by default), which
+    // the drain above need not have waited for.
+    let stats_url = format!("{}/inbox/stats", cluster.billing[0].url);
+    eventually(
+        "the unacked message back, as a duplicate",
+        Duration::from_secs(90),
+        || async {
+            let stats: serde_json::Value =
+                reqwest::get(&stats_url).await.ok()?.json().await.ok()?;
+            (stats["duplicate"].as_i64()? >= 1).then_some(())
+        },
+    )
+    .await;
     cluster.stop().await;
 }
 

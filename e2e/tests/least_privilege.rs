@@ -159,6 +159,16 @@ async fn services_run_as_roles_that_cannot_change_the_schema() {
         .await
         .unwrap();
     assert_eq!(dead.status(), 200);
+    // The relay records its pass after the broker acknowledged it: billing may be done first.
+    eventually("the relay's pass recorded", WAIT, || async {
+        let pending: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM outbox WHERE status = 'pending'")
+                .fetch_one(&orders.pool)
+                .await
+                .ok()?;
+        (pending == 0).then_some(())
+    })
+    .await;
     // The cleanup tasks' statements, as the roles (their tasks run them once a minute).
     let deleted = outbox_core::Cleanup::outbox(orders.pool.clone(), Duration::ZERO)
         .run_once()
