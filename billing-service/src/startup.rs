@@ -85,8 +85,8 @@ pub struct App {
 }
 
 impl App {
-    /// Connects (creating the database if missing), migrates, sets up the stream and the
-    /// durable consumer, and binds.
+    /// Connects (creating the database if missing), migrates, sets up the stream, binds, and
+    /// creates or updates the durable consumer.
     pub async fn build(config: Config) -> anyhow::Result<Self> {
         crate::failpoints::warn_if_armed();
         let common = &config.common;
@@ -151,6 +151,8 @@ impl App {
         self,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> anyhow::Result<()> {
+        // In the service's own log target: scripts find the port in this line.
+        tracing::info!(port = self.port(), "billing-service listening");
         let (consumer, cleanup) = (self.consumer, self.cleanup);
         let tasks: Vec<BackgroundTask> = vec![
             Box::new(|stop| Box::pin(consumer.run(stop))),

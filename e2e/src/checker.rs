@@ -197,7 +197,8 @@ async fn drained(sources: &Sources<'_>) -> bool {
         if invoices == orders && paid_invoices == paid)
 }
 
-/// Per-order event order on the stream, repeated `ce-id`s, and events of unknown orders.
+/// Per-order event order on the stream, `ce-id`s stored twice within the stream's duplicate
+/// window, and events of unknown orders.
 async fn check_stream(
     sources: &Sources<'_>,
     accepted: &HashMap<String, i64>,
@@ -212,7 +213,7 @@ async fn check_stream(
         .expect("stream");
     let info = stream.get_info().await.expect("stream info");
     let (last, window) = (info.state.last_sequence, info.config.duplicate_window);
-    // Each ce-id's first stored time, in nanoseconds.
+    // When each ce-id was last stored, in nanoseconds.
     let mut seen: HashMap<String, i128> = HashMap::new();
     let mut events: HashMap<String, Vec<String>> = HashMap::new();
     let mut duplicates = 0;
@@ -248,9 +249,12 @@ async fn check_stream(
                 .map(|v| v.as_str().to_owned())
                 .unwrap_or_default()
         };
-        if let Some(first) = seen.get(&header(headers::ID)) {
-            if stored - first < window.as_nanos() as i128 {
+        // The broker's window runs from the last copy it stored.
+        if let Some(last_stored) = seen.get_mut(&header(headers::ID)) {
+            if stored - *last_stored < window.as_nanos() as i128 {
                 duplicates += 1;
+            } else {
+                *last_stored = stored;
             }
             continue;
         }

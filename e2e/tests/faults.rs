@@ -155,7 +155,7 @@ async fn idle_session_in_a_transaction_makes_the_relay_skip_nothing() {
         .fetch_one(cluster.orders_pool())
         .await
         .unwrap();
-    e2e::eventually(
+    eventually(
         "later events of other orders published past the locked row",
         Duration::from_secs(30),
         || async {
@@ -205,10 +205,8 @@ async fn billing_killed_after_commit_before_ack() {
     cluster.billing[0].restart().await;
     load.progress(STEP).await;
     let ledger = load.finish().await;
-    cluster.check(&ledger).await.assert_clean();
-
     // The message in hand at the abort comes back after the ack wait (30 s by default), which
-    // the drain above need not have waited for.
+    // the checker's drain need not wait for: wait for it, then check that it changed nothing.
     let stats_url = format!("{}/inbox/stats", cluster.billing[0].url);
     eventually(
         "the unacked message back, as a duplicate",
@@ -220,6 +218,7 @@ async fn billing_killed_after_commit_before_ack() {
         },
     )
     .await;
+    cluster.check(&ledger).await.assert_clean();
     cluster.stop().await;
 }
 

@@ -139,6 +139,8 @@ impl App {
         self,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> anyhow::Result<()> {
+        // In the service's own log target: scripts find the port in this line.
+        tracing::info!(port = self.port(), "orders-service listening");
         let cleanup = self.cleanup;
         let mut tasks: Vec<BackgroundTask> = vec![Box::new(|stop| Box::pin(cleanup.run(stop)))];
         if let Some(relay) = self.relay {

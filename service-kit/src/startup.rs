@@ -20,7 +20,6 @@ pub struct Base {
     /// The NATS connection, named after the service.
     pub nats: async_nats::Client,
     listener: TcpListener,
-    service: &'static str,
 }
 
 impl Base {
@@ -29,7 +28,7 @@ impl Base {
     /// `LISTEN_ADDR`.
     pub async fn build(
         common: &Common,
-        service: &'static str,
+        service: &str,
         migrations: Vec<(&'static str, Migrator)>,
     ) -> anyhow::Result<Self> {
         let pool = infra::connect_db(&common.database_url, common.database_max_connections).await?;
@@ -48,7 +47,6 @@ impl Base {
             pool,
             nats,
             listener,
-            service,
         })
     }
 
@@ -76,7 +74,6 @@ impl Base {
         tasks: Vec<BackgroundTask>,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> anyhow::Result<()> {
-        tracing::info!(port = self.port(), "{} listening", self.service);
         http::run_until_stopped(self.listener, router, self.pool, tasks, shutdown).await
     }
 }
