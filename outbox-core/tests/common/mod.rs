@@ -40,9 +40,20 @@ impl TestStream {
             jetstream,
         };
         let spec = StreamSpec::new(&stream.name, vec![format!("{}.>", stream.prefix)]);
-        ensure_stream(&stream.jetstream, &spec)
-            .await
-            .expect("stream created");
+        // Set-up, not what the tests are about: nats-server 2.9 once answered a creation among
+        // sixteen at once with a transient "error creating store for stream" (500).
+        let (jetstream, spec) = (&stream.jetstream, &spec);
+        outbox_core::testing::eventually(
+            "the test's stream created",
+            Duration::from_secs(10),
+            || async move {
+                ensure_stream(jetstream, spec)
+                    .await
+                    .inspect_err(|error| eprintln!("creating the test's stream: {error}"))
+                    .ok()
+            },
+        )
+        .await;
         stream
     }
 
