@@ -49,10 +49,36 @@ impl NewEvent {
         self
     }
 
+    /// The aggregate type: the subject's first token after the prefix.
+    pub fn aggregate_type(&self) -> &str {
+        &self.aggregate_type
+    }
+
     /// The aggregate this event belongs to; events of one aggregate are published in order.
     pub fn aggregate_id(&self) -> &str {
         &self.aggregate_id
     }
+
+    /// The event type.
+    pub fn event_type(&self) -> &str {
+        &self.event_type
+    }
+
+    /// The JSON payload.
+    pub fn payload(&self) -> &serde_json::Value {
+        &self.payload
+    }
+
+    /// The W3C `traceparent` carried with the event, if any.
+    pub fn traceparent(&self) -> Option<&str> {
+        self.traceparent.as_deref()
+    }
+}
+
+/// A fresh event id: a UUIDv7, so ids sort by time (the consumers' inbox keys its records by
+/// them). [`crate::enqueue`] makes one itself; pass one to the SQL function `outbox_enqueue`.
+pub fn event_id() -> uuid::Uuid {
+    uuid::Uuid::now_v7()
 }
 
 /// Whether `value` may be used as an aggregate type, aggregate id or event type.

@@ -54,7 +54,7 @@ pub struct ReadmeDoctests;
 pub use backoff::Backoff;
 pub use cleanup::Cleanup;
 pub use error::{Error, EventError, MigrateError, PublishError, StreamError};
-pub use event::NewEvent;
+pub use event::{NewEvent, event_id};
 pub use inbox::{BatchError, Inbox, InboxError, Outcome};
 pub use outbox::{OutboxStats, enqueue};
 pub use publisher::{JetStreamPublisher, Message, Publisher};

@@ -198,10 +198,12 @@ pub async fn run(options: &Options) -> anyhow::Result<PathBuf> {
         "plain two-insert transaction through sqlx (reference): {} clients for {:?}",
         options.connections, options.max_rate_for
     ));
+    growth::settle().await;
     let plain_tx_per_sec =
         refs::plain_transaction(options.connections, options.max_rate_for).await?;
     progress(&format!("  {plain_tx_per_sec:.0} tx/s"));
     progress("the order transaction of orders-service through sqlx, the same clients");
+    growth::settle().await;
     let order_tx_per_sec =
         refs::order_transaction(options.connections, options.max_rate_for).await?;
     progress(&format!("  {order_tx_per_sec:.0} tx/s"));
@@ -212,6 +214,7 @@ pub async fn run(options: &Options) -> anyhow::Result<PathBuf> {
         "POST /orders at maximum rate: {} connections for {:?}",
         options.connections, options.max_rate_for
     ));
+    growth::settle().await;
     let http_orders_per_sec =
         http::max_rate(options.connections, options.max_rate_for, None).await?;
     progress(&format!("  {http_orders_per_sec:.0} orders/s"));
@@ -299,9 +302,15 @@ pub async fn run_steady(options: &Options) -> anyhow::Result<()> {
 pub async fn run_max_rate(options: &Options) -> anyhow::Result<()> {
     crate::process::binary("orders-service");
     let (connections, length) = (options.connections, options.max_rate_for);
+    // Each phase starts with what the one before wrote on disk (a checkpoint), so that it does
+    // not pay for the I/O of another.
+    growth::settle().await;
     let plain = refs::plain_transaction(connections, length).await?;
+    growth::settle().await;
     let order = refs::order_transaction(connections, length).await?;
+    growth::settle().await;
     let http = http::max_rate(connections, length, None).await?;
+    growth::settle().await;
     let pipeline = scale::scale(1, 1, connections, length).await?;
     println!("plain transaction      {plain:>8.0} tx/s");
     for (figure, rate) in [

@@ -155,14 +155,46 @@ struct OrderEvent<'a> {
 
 impl Order {
     fn event(&self, event_type: &str, traceparent: Option<String>) -> Result<NewEvent, ApiError> {
-        let payload = OrderEvent {
-            order_id: &self.id,
-            customer: &self.customer,
-            total_minor: self.total_minor,
-            status: self.status,
-        };
-        Ok(NewEvent::new(AGGREGATE, &self.id, event_type, &payload)?.with_traceparent(traceparent))
+        order_event(
+            &self.id,
+            &self.customer,
+            self.total_minor,
+            self.status,
+            event_type,
+            traceparent,
+        )
     }
+}
+
+impl ValidOrder {
+    /// The `OrderPlaced` event of this order once stored.
+    fn placed_event(&self, traceparent: Option<String>) -> Result<NewEvent, ApiError> {
+        order_event(
+            &self.id,
+            &self.customer,
+            self.total_minor,
+            OrderStatus::Placed,
+            "OrderPlaced",
+            traceparent,
+        )
+    }
+}
+
+fn order_event(
+    order_id: &str,
+    customer: &str,
+    total_minor: i64,
+    status: OrderStatus,
+    event_type: &str,
+    traceparent: Option<String>,
+) -> Result<NewEvent, ApiError> {
+    let payload = OrderEvent {
+        order_id,
+        customer,
+        total_minor,
+        status,
+    };
+    Ok(NewEvent::new(AGGREGATE, order_id, event_type, &payload)?.with_traceparent(traceparent))
 }
 
 /// The outcome of placing an order.
@@ -174,25 +206,23 @@ pub struct Placed {
     pub created: bool,
 }
 
-/// Places an order and enqueues `OrderPlaced` in one transaction, then wakes the relays through
-/// `wakeup`. Repeating an identical request returns the stored order; the same id with another
-/// body is a conflict.
+/// Places an order and enqueues `OrderPlaced` in one statement (its own transaction: one round
+/// trip), then wakes the relays through `wakeup`. Repeating an identical request returns the
+/// stored order; the same id with another body is a conflict.
 pub async fn place(
     pool: &PgPool,
     wakeup: &Wakeup,
     new: ValidOrder,
     traceparent: Option<String>,
 ) -> Result<Placed, ApiError> {
-    let mut tx = pool.begin().await?;
-    if let Some(order) = store::insert(&mut tx, &new).await? {
-        outbox_core::enqueue(&mut tx, &order.event("OrderPlaced", traceparent)?).await?;
-        outbox_core::commit(tx, wakeup).await?;
+    let event = new.placed_event(traceparent)?;
+    if let Some(order) = store::insert_placed(pool, &new, &event).await? {
+        wakeup.committed();
         return Ok(Placed {
             order,
             created: true,
         });
     }
-    tx.rollback().await?;
     let existing = store::find(pool, &new.id)
         .await?
         .ok_or_else(|| ApiError::conflict("the order id was taken and released; retry"))?;

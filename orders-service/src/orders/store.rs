@@ -1,27 +1,45 @@
 //! Every SQL statement on the orders table.
 
+use outbox_core::NewEvent;
 use sqlx::{PgConnection, PgPool};
 
 use super::{Order, OrderStatus, ValidOrder};
 use service_kit::pagination::Cursor;
 
-/// Inserts the order; `None` when an order with this id exists.
-pub(super) async fn insert(
-    conn: &mut PgConnection,
+/// Inserts the order and enqueues `event` in one statement; `None` (and no event) when an
+/// order with this id exists.
+pub(super) async fn insert_placed(
+    pool: &PgPool,
     new: &ValidOrder,
+    event: &NewEvent,
 ) -> sqlx::Result<Option<Order>> {
+    // `enqueued` has a row for each row of `placed`, so the event is written exactly when the
+    // order is; the statement is one transaction.
     sqlx::query_as!(
         Order,
         r#"
-        INSERT INTO orders (id, customer, total_minor) VALUES ($1, $2, $3)
-        ON CONFLICT (id) DO NOTHING
-        RETURNING id, customer, total_minor, status AS "status: OrderStatus", created_at, updated_at
+        WITH placed AS (
+            INSERT INTO orders (id, customer, total_minor) VALUES ($1, $2, $3)
+            ON CONFLICT (id) DO NOTHING
+            RETURNING id, customer, total_minor, status, created_at, updated_at
+        ), enqueued AS (
+            SELECT outbox_enqueue($4, $5, placed.id, $6, $7, $8) FROM placed
+        )
+        SELECT id AS "id!", customer AS "customer!", total_minor AS "total_minor!",
+            status AS "status!: OrderStatus", created_at AS "created_at!",
+            updated_at AS "updated_at!"
+        FROM placed, enqueued
         "#,
         new.id,
         new.customer,
         new.total_minor,
+        outbox_core::event_id(),
+        event.aggregate_type(),
+        event.event_type(),
+        event.payload(),
+        event.traceparent(),
     )
-    .fetch_optional(conn)
+    .fetch_optional(pool)
     .await
 }
 

@@ -373,16 +373,12 @@ impl Inbox {
     }
 
     /// Deletes inbox records older than `retention`, `batch` rows of each table per statement,
-    /// and returns how many were deleted. Keep `retention` longer than any redelivery can
+    /// and returns how many were deleted (a `batch` below 1 counts as 1). Keep `retention` longer than any redelivery can
     /// arrive: a message redelivered after its record is gone would be applied again.
     pub async fn cleanup(&self, retention: Duration, batch: i64) -> sqlx::Result<u64> {
-        let mut deleted = 0;
-        loop {
-            let n = storage::delete_older(&self.pool, &self.consumer, retention, batch).await?;
-            deleted += n;
-            if n < batch.unsigned_abs() {
-                return Ok(deleted);
-            }
-        }
+        crate::cleanup::in_batches(batch, |batch| {
+            storage::delete_older(&self.pool, &self.consumer, retention, batch)
+        })
+        .await
     }
 }

@@ -25,8 +25,14 @@ pub const CHANNEL: &str = "outbox";
 /// the relay's poll finds it. Transactions that enqueue events of the same aggregate are
 /// serialised (a transaction-scoped advisory lock per aggregate), so per aggregate the outbox
 /// order is the commit order.
+///
+/// It calls the SQL function `outbox_enqueue(event_id, aggregate_type, aggregate_id,
+/// event_type, payload, traceparent)` that the outbox migrations install. A caller whose write
+/// is one statement can call that function in the same statement instead (with
+/// [`crate::event_id`] and the [`NewEvent`]'s accessors as arguments): a single statement is
+/// its own transaction, so the row and its event commit in one round trip instead of four.
 pub async fn enqueue(tx: &mut Transaction<'_, Postgres>, event: &NewEvent) -> sqlx::Result<Uuid> {
-    let id = Uuid::now_v7();
+    let id = crate::event_id();
     storage::insert(tx, id, event).await?;
     Ok(id)
 }
@@ -166,14 +172,10 @@ pub async fn skip_dead_matching(pool: &PgPool, filter: &DeadFilter) -> sqlx::Res
 }
 
 /// Deletes published and skipped events older than `retention`, `batch` rows per statement.
-/// Returns how many rows were deleted.
+/// Returns how many rows were deleted. A `batch` below 1 counts as 1.
 pub async fn cleanup(pool: &PgPool, retention: Duration, batch: i64) -> sqlx::Result<u64> {
-    let mut deleted = 0;
-    loop {
-        let n = storage::delete_finished(pool, retention, batch).await?;
-        deleted += n;
-        if n < batch.unsigned_abs() {
-            return Ok(deleted);
-        }
-    }
+    crate::cleanup::in_batches(batch, |batch| {
+        storage::delete_finished(pool, retention, batch)
+    })
+    .await
 }

@@ -9,20 +9,15 @@ use uuid::Uuid;
 use super::{DeadEvent, DeadFilter, OutboxStats};
 use crate::NewEvent;
 
-/// Inserts one event after taking the per-aggregate advisory lock held until commit.
+/// Inserts one event through `outbox_enqueue`, which takes the per-aggregate advisory lock
+/// held until commit.
 pub(crate) async fn insert(
     conn: &mut PgConnection,
     id: Uuid,
     event: &NewEvent,
 ) -> sqlx::Result<()> {
-    sqlx::query!(
-        r#"
-        WITH aggregate_lock AS (
-            SELECT pg_advisory_xact_lock(hashtextextended('outbox/' || $2 || '/' || $3, 0))
-        )
-        INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload, traceparent)
-        SELECT $1, $2, $3, $4, $5, $6 FROM aggregate_lock
-        "#,
+    sqlx::query_scalar!(
+        r#"SELECT outbox_enqueue($1, $2, $3, $4, $5, $6) AS "id!""#,
         id,
         event.aggregate_type,
         event.aggregate_id,
@@ -30,7 +25,7 @@ pub(crate) async fn insert(
         event.payload,
         event.traceparent,
     )
-    .execute(conn)
+    .fetch_one(conn)
     .await?;
     Ok(())
 }
