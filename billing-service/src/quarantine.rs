@@ -84,9 +84,11 @@ impl Sweep {
         }
     }
 
-    /// Sweeps soon: the consumer lost its pull, as it does when a message it cannot read cuts
-    /// the client's connection.
+    /// Sweeps soon, from the ack floor again: the consumer lost its pull, as it does when a
+    /// message it cannot read cuts the client's connection. That message may be one swept
+    /// before whose termination the cut connection lost.
     pub fn nudge(&self) {
+        self.seen().from_floor = true;
         self.nudged.notify_one();
     }
 
@@ -115,9 +117,9 @@ impl Sweep {
     ///
     /// It looks at the delivered sequences above both the ack floor and where the last sweep
     /// stopped, that this process did not receive, reading at most [`SCAN`] of them: so each
-    /// delivered message is looked at once, however long the floor stays where it is (an
-    /// `OrderPaid` waiting for its `OrderPlaced` holds it), and the sweep never falls behind
-    /// by more than it reads.
+    /// delivered message is looked at once between two cut connections, however long the
+    /// floor stays where it is (an `OrderPaid` waiting for its `OrderPlaced` holds it), and
+    /// the sweep never falls behind by more than it reads.
     pub async fn once(&self) -> anyhow::Result<usize> {
         let info = self
             .jetstream
@@ -129,7 +131,11 @@ impl Sweep {
         let delivered = info.delivered.stream_sequence;
         let (to_read, reached) = {
             let mut seen = self.seen();
-            seen.swept = seen.swept.max(floor);
+            seen.swept = if std::mem::take(&mut seen.from_floor) {
+                floor
+            } else {
+                seen.swept.max(floor)
+            };
             let from = seen.swept;
             seen.received = seen.received.split_off(&(from + 1));
             let (mut to_read, mut reached) = (Vec::new(), from);
@@ -187,7 +193,8 @@ impl Sweep {
     }
 
     /// Keeps the message as a dead letter, then terminates its delivery; false when a letter of
-    /// it was kept before (by another instance, or before a restart): then it was terminated too.
+    /// it was kept before (by another instance, or before a restart, or by a sweep whose
+    /// termination was lost): it is terminated again.
     async fn dead_letter(
         &self,
         seq: u64,
@@ -205,22 +212,21 @@ impl Sweep {
         letter.message_id = Some(&id);
         letter.headers = serde_json::json!({ "NATS-Raw-Headers": [{ "hex": hex(headers) }] });
         let kept = self.inbox.dead_letter_once(letter).await?;
-        let Some(letter) = kept else {
-            return Ok(false);
-        };
-        tracing::error!(
-            dead_letter.id = letter,
-            stream.sequence = seq,
-            reason,
-            "message dead-lettered"
-        );
+        if let Some(letter) = kept {
+            tracing::error!(
+                dead_letter.id = letter,
+                stream.sequence = seq,
+                reason,
+                "message dead-lettered"
+            );
+        }
         // The server takes the delivery's own numbers from its pending record, found by stream
         // sequence; the delivery number 0 given here can never move the ack floor by itself.
         let ack = format!("$JS.ACK.{}.{}.1.{seq}.0.0.0", self.stream, self.consumer);
         let client = self.jetstream.client();
         client.publish(ack, "+TERM".into()).await?;
         client.flush().await?;
-        Ok(true)
+        Ok(kept.is_some())
     }
 }
 
@@ -231,6 +237,8 @@ struct Seen {
     swept: u64,
     /// Sequences above `swept` this process received.
     received: BTreeSet<u64>,
+    /// The next sweep starts from the ack floor, not from `swept`.
+    from_floor: bool,
 }
 
 /// Why async-nats cannot read a stored message, if it cannot: the checks its parser makes before

@@ -593,8 +593,14 @@ async fn hostile_messages_are_dead_lettered_and_nothing_loops() {
         .await;
     // The bound covers several ack waits: on a busy machine the client may connect again only
     // after the next delivery of the message it cannot read.
+    // Each change of the counts is printed, so that a failure shows where they stopped.
+    let last = std::cell::RefCell::new(Value::Null);
     let stats = eventually("ten dead letters and the copy seen", 3 * WAIT, || async {
         let stats = app.stats().await;
+        if *last.borrow() != stats {
+            eprintln!("inbox stats: {stats}");
+            last.replace(stats.clone());
+        }
         (stats["dead"] == 10 && stats["duplicate"] == 1).then_some(stats)
     })
     .await;

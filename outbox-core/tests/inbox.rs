@@ -3,7 +3,7 @@
 mod common;
 
 use common::migrate;
-use outbox_core::inbox::Digest;
+use outbox_core::inbox::{Digest, NewDeadLetter};
 use outbox_core::{Inbox, InboxError, Outcome};
 use sqlx::PgPool;
 
@@ -582,4 +582,42 @@ async fn the_migration_grants_inbox_records_as_inbox_was(pool: PgPool) {
         .map(|(p, _)| p.as_str())
         .collect();
     assert_eq!(held, ["SELECT", "INSERT", "DELETE"]);
+}
+
+/// A redelivery of a message kept as an open dead letter (its termination was lost, or came
+/// after the ack wait) is that letter, not a second one; a first delivery of the same bytes, a
+/// message that differs, or a redelivery after the letter was closed keeps a letter of its own.
+#[sqlx::test(migrations = false)]
+async fn a_redelivered_dead_message_keeps_one_letter(pool: PgPool) {
+    migrate(&pool).await;
+    let inbox = Inbox::new(pool.clone(), "billing");
+    let letter = |payload: &'static [u8], deliveries: i64| {
+        let mut letter = NewDeadLetter::new("orders.OrderPlaced.o-1", payload, "cannot parse");
+        letter.message_id = Some("m-1");
+        letter.headers = serde_json::json!({ "ce-id": ["m-1"] });
+        letter.deliveries = deliveries;
+        letter
+    };
+    let first = inbox.dead_letter(letter(b"{", 1)).await.unwrap();
+    assert_eq!(inbox.dead_letter(letter(b"{", 2)).await.unwrap(), first);
+    assert_eq!(inbox.dead_letter(letter(b"{", 7)).await.unwrap(), first);
+    assert_eq!(count(&pool, "inbox_dead").await, 1);
+
+    let copy = inbox.dead_letter(letter(b"{", 1)).await.unwrap();
+    let other = inbox.dead_letter(letter(b"[", 2)).await.unwrap();
+    assert!(copy != first && other != first && other != copy);
+    assert_eq!(count(&pool, "inbox_dead").await, 3);
+
+    let mut without_id = letter(b"{", 2);
+    without_id.message_id = None;
+    let no_id = inbox.dead_letter(without_id.clone()).await.unwrap();
+    assert_eq!(inbox.dead_letter(without_id).await.unwrap(), no_id);
+    assert_eq!(count(&pool, "inbox_dead").await, 4);
+
+    for id in [first, copy, other, no_id] {
+        assert!(inbox.skip_dead_letter(id).await.unwrap());
+    }
+    let after_closing = inbox.dead_letter(letter(b"{", 3)).await.unwrap();
+    assert!(![first, copy, other, no_id].contains(&after_closing));
+    assert_eq!(count(&pool, "inbox_dead").await, 5);
 }

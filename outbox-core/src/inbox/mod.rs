@@ -306,18 +306,25 @@ impl Inbox {
     }
 
     /// Keeps a message that cannot be parsed or applied, and returns the dead letter's id.
+    ///
+    /// A redelivery (`deliveries` above 1) of a message this consumer holds an open letter of,
+    /// alike in subject, headers, body and id, keeps no second letter: its acknowledgement was
+    /// lost or came too late, and the open letter's id is returned.
     pub async fn dead_letter(&self, letter: NewDeadLetter<'_>) -> sqlx::Result<i64> {
-        let id = storage::insert_dead(&self.pool, &self.consumer, &letter, false)
+        let (id, new) = storage::insert_dead(&self.pool, &self.consumer, &letter, false)
             .await?
             .ok_or(sqlx::Error::RowNotFound)?;
-        metrics::counter!("inbox_dead_letters_total").increment(1);
+        if new {
+            metrics::counter!("inbox_dead_letters_total").increment(1);
+        }
         Ok(id)
     }
 
     /// [`Inbox::dead_letter`], unless this consumer kept a letter with the same message id
     /// before (open or closed): then `None`. Two calls at the same moment may both keep one.
     pub async fn dead_letter_once(&self, letter: NewDeadLetter<'_>) -> sqlx::Result<Option<i64>> {
-        let id = storage::insert_dead(&self.pool, &self.consumer, &letter, true).await?;
+        let kept = storage::insert_dead(&self.pool, &self.consumer, &letter, true).await?;
+        let id = kept.filter(|&(_, new)| new).map(|(id, _)| id);
         if id.is_some() {
             metrics::counter!("inbox_dead_letters_total").increment(1);
         }

@@ -159,7 +159,9 @@ async fn count_copies(
     .await
 }
 
-/// Inserts a dead letter and returns its id; with `once`, nothing (and `None`) when the
+/// Inserts a dead letter and returns its id and whether it is new. A redelivery (more than one
+/// delivery) of a message the consumer holds an open letter of, the same in every field kept,
+/// is that letter: its acknowledgement was lost. With `once`, nothing (and `None`) when the
 /// consumer has a letter with the same message id. Text PostgreSQL cannot store (a NUL byte) is
 /// shown as `\u{2400}`; a subject holding one is also kept byte for byte in `subject_bytes`.
 pub(crate) async fn insert_dead(
@@ -167,20 +169,33 @@ pub(crate) async fn insert_dead(
     consumer: &str,
     letter: &NewDeadLetter<'_>,
     once: bool,
-) -> sqlx::Result<Option<i64>> {
+) -> sqlx::Result<Option<(i64, bool)>> {
     let subject = storable(letter.subject);
     let subject_bytes = matches!(subject, Cow::Owned(_)).then_some(letter.subject.as_bytes());
     let message_id = letter.message_id.map(storable);
     let error = storable(letter.error);
-    sqlx::query_scalar!(
+    let row = sqlx::query!(
         r#"
-        INSERT INTO inbox_dead
-            (consumer, message_id, subject, subject_bytes, headers, payload, error, deliveries)
-        SELECT $1, $2, $3, $4, $5, $6, $7, $8
-        WHERE NOT $9 OR NOT EXISTS (
-            SELECT FROM inbox_dead WHERE consumer = $1 AND message_id = $2
+        WITH open_copy AS (
+            SELECT id FROM inbox_dead
+            WHERE $8::bigint > 1 AND consumer = $1 AND closed_at IS NULL
+              AND message_id IS NOT DISTINCT FROM $2 AND subject = $3 AND headers = $5
+              AND payload = $6
+            ORDER BY id
+            LIMIT 1
+        ), kept AS (
+            INSERT INTO inbox_dead
+                (consumer, message_id, subject, subject_bytes, headers, payload, error, deliveries)
+            SELECT $1, $2, $3, $4, $5, $6, $7, $8
+            WHERE NOT EXISTS (SELECT FROM open_copy)
+              AND (NOT $9 OR NOT EXISTS (
+                  SELECT FROM inbox_dead WHERE consumer = $1 AND message_id = $2
+              ))
+            RETURNING id
         )
-        RETURNING id
+        SELECT id AS "id!", true AS "new!" FROM kept
+        UNION ALL
+        SELECT id, false FROM open_copy
         "#,
         consumer,
         message_id.as_deref(),
@@ -193,7 +208,8 @@ pub(crate) async fn insert_dead(
         once,
     )
     .fetch_optional(pool)
-    .await
+    .await?;
+    Ok(row.map(|row| (row.id, row.new)))
 }
 
 /// `text` with every NUL byte, which a PostgreSQL text value cannot hold, shown as `␀`.
