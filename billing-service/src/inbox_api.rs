@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use service_kit::admin::{Admin, AdminRefusals};
 use service_kit::dead::{self, BulkOutcome};
 use service_kit::ops::{Action, Column, Filter, OpsPage, Tile};
-use service_kit::pagination;
+use service_kit::pagination::{self, Page};
 use service_kit::problem::Problem;
 use service_kit::{ApiError, Json, Path, Query};
 use utoipa::{IntoParams, ToSchema};
@@ -117,15 +117,6 @@ async fn metrics(State(state): State<AppState>) -> Result<String, ApiError> {
     Ok(service_kit::metrics::render())
 }
 
-/// A page of open dead letters, oldest first.
-#[derive(Debug, Serialize, ToSchema)]
-#[serde(rename_all = "camelCase")]
-struct DeadPage {
-    items: Vec<DeadLetter>,
-    /// Pass as `cursor` for the next page; null on the last page.
-    next_cursor: Option<String>,
-}
-
 /// What an admin action did to a dead letter.
 #[derive(Debug, Serialize, ToSchema)]
 struct ActionResult {
@@ -184,7 +175,7 @@ fn filter(
 /// Lists open dead letters with their error and delivery count, optionally filtered (admin).
 #[utoipa::path(get, path = "/inbox/dead", tag = "inbox", params(DeadListParams),
     security(("admin" = [])), responses(
-    (status = 200, description = "A page of dead letters", body = DeadPage),
+    (status = 200, description = "A page of dead letters", body = Page<DeadLetter>),
     (status = 422, description = "Bad limit, cursor or filter", body = Problem,
         content_type = "application/problem+json"),
     AdminRefusals,
@@ -193,13 +184,12 @@ async fn list_dead(
     _: Admin,
     State(state): State<AppState>,
     Query(params): Query<DeadListParams>,
-) -> Result<Json<DeadPage>, ApiError> {
+) -> Result<Json<Page<DeadLetter>>, ApiError> {
     let limit = pagination::limit(params.limit)?;
     let after = pagination::after_number(params.cursor.as_deref())?;
     let filter = filter(params.event_type, params.error_contains)?;
     let rows = state.rules.inbox().dead(&filter, after, limit + 1).await?;
-    let (items, next_cursor) = pagination::page(rows, limit, |d| d.id.to_string());
-    Ok(Json(DeadPage { items, next_cursor }))
+    Ok(Json(Page::of(rows, limit, |d| d.id.to_string())))
 }
 
 /// Replays every open dead letter matching the filters (all of them without a filter) through
@@ -223,7 +213,10 @@ async fn replay_matching(
     let mut after = pagination::after_number(params.cursor.as_deref())?;
     let filter = filter(params.event_type, params.error_contains)?;
     let letters = state.rules.inbox().dead(&filter, after, limit + 1).await?;
-    let (letters, next_cursor) = pagination::page(letters, limit, |d| d.id.to_string());
+    let Page {
+        items: letters,
+        next_cursor,
+    } = Page::of(letters, limit, |d| d.id.to_string());
     let mut outcome = BulkOutcome {
         next_cursor,
         ..BulkOutcome::default()

@@ -7,6 +7,7 @@ fn openapi_matches_snapshot() {
         .to_pretty_json()
         .unwrap()
         + "\n";
+    service_kit::testing::assert_refs_resolve(&generated);
     service_kit::testing::assert_snapshot(
         concat!(env!("CARGO_MANIFEST_DIR"), "/openapi.json"),
         &generated,

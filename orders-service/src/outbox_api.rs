@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use service_kit::admin::{Admin, AdminRefusals};
 use service_kit::dead::{self, BulkOutcome};
 use service_kit::ops::{Action, Column, Filter, OpsPage, Tile};
-use service_kit::pagination;
+use service_kit::pagination::{self, Page};
 use service_kit::problem::Problem;
 use service_kit::{ApiError, Json, Path, Query};
 use utoipa::{IntoParams, ToSchema};
@@ -130,15 +130,6 @@ async fn metrics(State(state): State<AppState>) -> Result<String, ApiError> {
     Ok(service_kit::metrics::render())
 }
 
-/// A page of dead events, oldest first.
-#[derive(Debug, Serialize, ToSchema)]
-#[serde(rename_all = "camelCase")]
-struct DeadPage {
-    items: Vec<DeadEvent>,
-    /// Pass as `cursor` for the next page; null on the last page.
-    next_cursor: Option<String>,
-}
-
 /// What an admin action did.
 #[derive(Debug, Serialize, ToSchema)]
 struct ActionResult {
@@ -200,7 +191,7 @@ struct DeadListParams {
 /// Lists dead events with their attempts and last error, optionally filtered (admin).
 #[utoipa::path(get, path = "/outbox/dead", tag = "outbox", params(DeadListParams),
     security(("admin" = [])), responses(
-    (status = 200, description = "A page of dead events", body = DeadPage),
+    (status = 200, description = "A page of dead events", body = Page<DeadEvent>),
     (status = 422, description = "Bad limit, cursor or filter", body = Problem,
         content_type = "application/problem+json"),
     AdminRefusals,
@@ -209,7 +200,7 @@ async fn list_dead(
     _: Admin,
     State(state): State<AppState>,
     Query(params): Query<DeadListParams>,
-) -> Result<Json<DeadPage>, ApiError> {
+) -> Result<Json<Page<DeadEvent>>, ApiError> {
     let limit = pagination::limit(params.limit)?;
     let after = pagination::after_number(params.cursor.as_deref())?;
     let filter = DeadFilterParams {
@@ -219,8 +210,7 @@ async fn list_dead(
     }
     .filter()?;
     let rows = outbox::dead(&state.pool, &filter, after, limit + 1).await?;
-    let (items, next_cursor) = pagination::page(rows, limit, |e| e.seq.to_string());
-    Ok(Json(DeadPage { items, next_cursor }))
+    Ok(Json(Page::of(rows, limit, |e| e.seq.to_string())))
 }
 
 /// Publishes every dead event matching the filters again (all of them without a filter), in

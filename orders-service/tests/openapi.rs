@@ -4,6 +4,7 @@
 #[test]
 fn openapi_matches_snapshot() {
     let generated = orders_service::startup::openapi().to_pretty_json().unwrap() + "\n";
+    service_kit::testing::assert_refs_resolve(&generated);
     service_kit::testing::assert_snapshot(
         concat!(env!("CARGO_MANIFEST_DIR"), "/openapi.json"),
         &generated,

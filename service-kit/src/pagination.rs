@@ -4,8 +4,8 @@
 //! - oldest-first lists of numbered items: the number of the last item.
 
 use chrono::{DateTime, Utc};
-use serde::Deserialize;
-use utoipa::IntoParams;
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
 
 use crate::ApiError;
 
@@ -96,19 +96,36 @@ pub fn limit(requested: Option<i64>) -> Result<i64, ApiError> {
     }
 }
 
-/// Cuts `rows` (fetched with `limit + 1`) to one page and the cursor of the next, if any.
-pub fn page<T>(
-    mut rows: Vec<T>,
-    limit: i64,
-    cursor_of: impl Fn(&T) -> String,
-) -> (Vec<T>, Option<String>) {
-    let limit = usize::try_from(limit).unwrap_or(usize::MAX);
-    if rows.len() <= limit {
-        return (rows, None);
+/// A page of a list, in the list's order.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Page<T: ToSchema> {
+    /// The items of this page.
+    #[schema(schema_with = items_by_reference::<T>)]
+    pub items: Vec<T>,
+    /// Pass as `cursor` for the next page; null on the last page.
+    pub next_cursor: Option<String>,
+}
+
+/// `items` as an array of references to `T`'s schema: utoipa inlines a generic argument's
+/// whole schema otherwise, once per list.
+fn items_by_reference<T: ToSchema>() -> utoipa::openapi::Array {
+    utoipa::openapi::Array::new(utoipa::openapi::Ref::from_schema_name(T::name()))
+}
+
+impl<T: ToSchema> Page<T> {
+    /// Cuts `rows` (fetched with `limit + 1`) to one page, with the cursor of the next if any.
+    pub fn of(mut rows: Vec<T>, limit: i64, cursor_of: impl Fn(&T) -> String) -> Self {
+        let limit = usize::try_from(limit).unwrap_or(usize::MAX);
+        let next_cursor = (rows.len() > limit).then(|| {
+            rows.truncate(limit);
+            rows.last().map(cursor_of)
+        });
+        Self {
+            items: rows,
+            next_cursor: next_cursor.flatten(),
+        }
     }
-    rows.truncate(limit);
-    let next = rows.last().map(cursor_of);
-    (rows, next)
 }
 
 /// The number after which an oldest-first list continues (0: from the start).
@@ -178,23 +195,18 @@ mod tests {
     fn page_cuts_and_points_at_the_last_item() {
         let t = Utc::now();
         let rows: Vec<i32> = (0..3).collect();
-        let (items, next) = page(rows.clone(), 2, |i| {
+        let cursor_of = |i: &i32| {
             Cursor {
                 t,
                 id: i.to_string(),
             }
             .encode()
-        });
-        assert_eq!(items, [0, 1]);
-        assert_eq!(Cursor::decode(&next.unwrap()).unwrap().id, "1");
-        let (items, next) = page(rows, 3, |i| {
-            Cursor {
-                t,
-                id: i.to_string(),
-            }
-            .encode()
-        });
-        assert_eq!(items.len(), 3);
-        assert!(next.is_none());
+        };
+        let page = Page::of(rows.clone(), 2, cursor_of);
+        assert_eq!(page.items, [0, 1]);
+        assert_eq!(Cursor::decode(&page.next_cursor.unwrap()).unwrap().id, "1");
+        let page = Page::of(rows, 3, cursor_of);
+        assert_eq!(page.items.len(), 3);
+        assert!(page.next_cursor.is_none());
     }
 }

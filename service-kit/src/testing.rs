@@ -107,6 +107,30 @@ pub fn point_at(common: &mut crate::config::Common, database: &str, stream: &str
     common.subject_prefix = stream.to_lowercase();
 }
 
+/// Asserts that every `$ref` of the OpenAPI document `json` names a schema it defines.
+pub fn assert_refs_resolve(json: &str) {
+    fn refs<'a>(value: &'a serde_json::Value, found: &mut Vec<&'a str>) {
+        match value {
+            serde_json::Value::Object(map) => {
+                if let Some(serde_json::Value::String(target)) = map.get("$ref") {
+                    found.push(target);
+                }
+                map.values().for_each(|v| refs(v, found));
+            }
+            serde_json::Value::Array(items) => items.iter().for_each(|v| refs(v, found)),
+            _ => {}
+        }
+    }
+    let doc: serde_json::Value = serde_json::from_str(json).expect("an OpenAPI document");
+    let mut found = Vec::new();
+    refs(&doc, &mut found);
+    let dangling: Vec<_> = found
+        .into_iter()
+        .filter(|target| doc.pointer(target.trim_start_matches('#')).is_none())
+        .collect();
+    assert!(dangling.is_empty(), "references to nothing: {dangling:?}");
+}
+
 /// Compares `generated` with the snapshot file at `path`; `UPDATE_SNAPSHOTS=1` rewrites it.
 pub fn assert_snapshot(path: &str, generated: &str) {
     if std::env::var_os("UPDATE_SNAPSHOTS").is_some() {
@@ -117,4 +141,23 @@ pub fn assert_snapshot(path: &str, generated: &str) {
         committed == generated,
         "{path} is out of date: rerun with UPDATE_SNAPSHOTS=1 after an intended change"
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::assert_refs_resolve;
+
+    const DOC: &str = r##"{"paths": {"/a": {"schema": {"$ref": "#/components/schemas/A"}}},
+        "components": {"schemas": {"A": {"items": {"$ref": "#/components/schemas/B"}}}}}"##;
+
+    #[test]
+    #[should_panic(expected = "#/components/schemas/B")]
+    fn a_reference_to_nothing_is_named() {
+        assert_refs_resolve(DOC);
+    }
+
+    #[test]
+    fn references_to_defined_schemas_pass() {
+        assert_refs_resolve(&DOC.replace(r#""A": {"#, r#""B": {}, "A": {"#));
+    }
 }

@@ -5,7 +5,7 @@ pub(crate) mod store;
 use axum::extract::State;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
-use service_kit::pagination::{self, Cursor};
+use service_kit::pagination::{self, Cursor, Page};
 use service_kit::problem::Problem;
 use service_kit::{ApiError, Json, Path, Query};
 use sqlx::PgConnection;
@@ -118,25 +118,16 @@ struct ListParams {
     cursor: Option<String>,
 }
 
-/// A page of invoices, newest first.
-#[derive(Debug, Serialize, ToSchema)]
-#[serde(rename_all = "camelCase")]
-struct InvoicePage {
-    items: Vec<Invoice>,
-    /// Pass as `cursor` for the next page; null on the last page.
-    next_cursor: Option<String>,
-}
-
 /// Lists invoices, newest first, optionally of one order.
 #[utoipa::path(get, path = "/invoices", tag = "invoices", params(ListParams), responses(
-    (status = 200, description = "A page of invoices", body = InvoicePage),
+    (status = 200, description = "A page of invoices", body = Page<Invoice>),
     (status = 422, description = "Bad limit, cursor or orderId", body = Problem,
         content_type = "application/problem+json"),
 ))]
 async fn list_invoices(
     State(state): State<AppState>,
     Query(params): Query<ListParams>,
-) -> Result<Json<InvoicePage>, ApiError> {
+) -> Result<Json<Page<Invoice>>, ApiError> {
     let limit = pagination::limit(params.limit)?;
     let after = params.cursor.as_deref().map(Cursor::decode).transpose()?;
     if let Some(order_id) = &params.order_id
@@ -148,14 +139,13 @@ async fn list_invoices(
         ));
     }
     let rows = store::list(&state.pool, params.order_id.as_deref(), after, limit + 1).await?;
-    let (items, next_cursor) = pagination::page(rows, limit, |i| {
+    Ok(Json(Page::of(rows, limit, |i| {
         Cursor {
             t: i.created_at,
             id: i.id.to_string(),
         }
         .encode()
-    });
-    Ok(Json(InvoicePage { items, next_cursor }))
+    })))
 }
 
 /// Reads one invoice.

@@ -9,7 +9,7 @@ use chrono::{DateTime, Utc};
 use outbox_core::{NewEvent, Wakeup};
 use serde::{Deserialize, Serialize};
 use service_kit::http::TraceParent;
-use service_kit::pagination::{self, Cursor, PageParams};
+use service_kit::pagination::{self, Cursor, Page, PageParams};
 use service_kit::problem::Problem;
 use service_kit::{ApiError, Json, Path, Query};
 use sqlx::PgPool;
@@ -306,36 +306,26 @@ async fn place_order(
         .into_response())
 }
 
-/// A page of orders, newest first.
-#[derive(Debug, Serialize, ToSchema)]
-#[serde(rename_all = "camelCase")]
-struct OrderPage {
-    items: Vec<Order>,
-    /// Pass as `cursor` for the next page; null on the last page.
-    next_cursor: Option<String>,
-}
-
 /// Lists orders, newest first.
 #[utoipa::path(get, path = "/orders", tag = "orders", params(PageParams), responses(
-    (status = 200, description = "A page of orders", body = OrderPage),
+    (status = 200, description = "A page of orders", body = Page<Order>),
     (status = 422, description = "Bad limit or cursor", body = Problem,
         content_type = "application/problem+json"),
 ))]
 async fn list_orders(
     State(state): State<AppState>,
     Query(params): Query<PageParams>,
-) -> Result<Json<OrderPage>, ApiError> {
+) -> Result<Json<Page<Order>>, ApiError> {
     let limit = pagination::limit(params.limit)?;
     let after = params.cursor.as_deref().map(Cursor::decode).transpose()?;
     let rows = store::list(&state.pool, after, limit + 1).await?;
-    let (items, next_cursor) = pagination::page(rows, limit, |o| {
+    Ok(Json(Page::of(rows, limit, |o| {
         Cursor {
             t: o.created_at,
             id: o.id.clone(),
         }
         .encode()
-    });
-    Ok(Json(OrderPage { items, next_cursor }))
+    })))
 }
 
 /// Reads one order.
