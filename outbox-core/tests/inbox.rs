@@ -386,6 +386,24 @@ async fn ids_are_keyed_in_sixteen_bytes(pool: PgPool) {
     assert_eq!(keys, expected);
 }
 
+/// `inbox_key` is inlined into the statements that call it: as a function call of its own it
+/// cost more than the rest of recording a message. The plan shows its expression, not a call.
+#[sqlx::test(migrations = false)]
+async fn the_key_function_is_inlined(pool: PgPool) {
+    migrate(&pool).await;
+    let plan: Vec<String> = sqlx::query_scalar(
+        "EXPLAIN (VERBOSE) SELECT inbox_key(m) FROM unnest(ARRAY['m1', 'm2']) AS m",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    let plan = plan.join("\n");
+    assert!(
+        plan.contains("sha256") && !plan.contains("inbox_key("),
+        "not inlined:\n{plan}"
+    );
+}
+
 /// Two ids of one batch sharing a key (as ids may, if only by SHA-256's 122 bits) take one
 /// record: one is applied and the other is judged against it, never applied beside it.
 #[sqlx::test(migrations = false)]

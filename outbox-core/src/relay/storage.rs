@@ -50,6 +50,10 @@ pub(crate) async fn lease(conn: &mut PgConnection, lease: Duration) -> sqlx::Res
 ///   Sequential scans are priced out too.
 /// - The commit that records a pass is not waited for (`synchronous_commit = off`): a record
 ///   lost in a crash only publishes its rows again, which the broker and the inbox drop.
+/// - Each statement keeps its generic plan (`plan_cache_mode = force_generic_plan`). Left to
+///   choose, PostgreSQL planned [`mark_published`] afresh for every pass (its array of seqs
+///   differs each time), which cost more than running it; with the settings above the generic
+///   plans read through the indexes.
 ///
 /// The settings hold for the whole transaction: only the relay's statements run in it.
 pub(crate) async fn begin_claim(
@@ -62,7 +66,8 @@ pub(crate) async fn begin_claim(
     pool.begin_with(AssertSqlSafe(format!(
         "BEGIN; SET LOCAL idle_in_transaction_session_timeout = '{lease_ms}ms'; \
          SET LOCAL enable_sort = off; SET LOCAL enable_bitmapscan = off; \
-         SET LOCAL enable_seqscan = off; SET LOCAL jit = off; SET LOCAL synchronous_commit = off"
+         SET LOCAL enable_seqscan = off; SET LOCAL jit = off; SET LOCAL synchronous_commit = off; \
+         SET LOCAL plan_cache_mode = force_generic_plan"
     )))
     .await
 }
@@ -262,6 +267,56 @@ mod tests {
 
         assert_eq!(seqs.len(), 1);
         assert!(read <= 10, "marking 1 row read {read} of {grown} rows");
+    }
+
+    /// The relay's statements are planned once per connection, not once per pass: a custom plan
+    /// for each pass's array of seqs cost more than running the statement. PostgreSQL's own
+    /// count of a prepared statement's plans tells, so no clock is involved.
+    #[sqlx::test(migrations = false)]
+    async fn passes_reuse_their_statements_plans(
+        options: sqlx::postgres::PgPoolOptions,
+        connect: sqlx::postgres::PgConnectOptions,
+    ) {
+        let pool = options
+            .max_connections(1)
+            .connect_with(connect)
+            .await
+            .unwrap();
+        crate::migrate::outbox(&pool).await.unwrap();
+        for rows in 1..=8 {
+            sqlx::query(
+                "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload)
+                 SELECT gen_random_uuid(), 'order', 'o' || i, 'OrderPlaced', '{}'
+                 FROM generate_series(1, $1) i",
+            )
+            .bind(rows)
+            .execute(&pool)
+            .await
+            .unwrap();
+            let (mut tx, seqs) = claim_seqs(&pool).await;
+            mark_published(&mut tx, &seqs).await.unwrap();
+            tx.commit().await.unwrap();
+        }
+        let plans: Vec<(String, i64, i64)> = sqlx::query_as(
+            "SELECT statement, generic_plans, custom_plans FROM pg_prepared_statements
+             WHERE statement LIKE '%outbox%'",
+        )
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+        let plans_of = |start: &str| {
+            plans
+                .iter()
+                .find(|(s, ..)| s.trim_start().starts_with(start))
+                .map(|(_, generic, custom)| (*generic, *custom))
+        };
+        // (generic, custom): one plan made, then reused.
+        assert_eq!(plans_of("WITH claimed AS"), Some((8, 0)), "{plans:?}");
+        assert_eq!(
+            plans_of("UPDATE outbox SET status"),
+            Some((8, 0)),
+            "{plans:?}"
+        );
     }
 
     /// Begins a claim's transaction and claims up to 10 rows; returns it with their seqs.
