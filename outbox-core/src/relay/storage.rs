@@ -269,6 +269,54 @@ mod tests {
         assert!(read <= 10, "marking 1 row read {read} of {grown} rows");
     }
 
+    /// As above for recording failed publishes: its generic plan, made on the first pass over
+    /// a tiny outbox, must still read only the pass's rows once the table has grown.
+    #[sqlx::test(migrations = false)]
+    async fn marking_failures_reads_their_rows_after_the_table_grew_under_cached_plans(
+        options: sqlx::postgres::PgPoolOptions,
+        connect: sqlx::postgres::PgConnectOptions,
+    ) {
+        let pool = options
+            .max_connections(1)
+            .connect_with(connect)
+            .await
+            .unwrap();
+        crate::migrate::outbox(&pool).await.unwrap();
+        sqlx::query("ALTER TABLE outbox SET (autovacuum_enabled = off)")
+            .execute(&pool)
+            .await
+            .unwrap();
+        let insert = |rows: i64, status: &'static str| {
+            sqlx::query(
+                "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload, status)
+                 SELECT gen_random_uuid(), 'order', gen_random_uuid()::text, 'OrderPlaced', '{}', $2
+                 FROM generate_series(1, $1) i",
+            )
+            .bind(rows)
+            .bind(status)
+        };
+        for _ in 0..8 {
+            insert(3, "pending").execute(&pool).await.unwrap();
+            let (mut tx, seqs) = claim_seqs(&pool).await;
+            refuse(&mut tx, &seqs).await;
+            tx.commit().await.unwrap();
+        }
+        let grown = 100_000;
+        insert(grown, "published").execute(&pool).await.unwrap();
+        insert(1, "pending").execute(&pool).await.unwrap();
+
+        let (mut tx, seqs) = claim_seqs(&pool).await;
+        assert_eq!(seqs.len(), 1);
+        let before = read_rows(&mut tx).await;
+        refuse(&mut tx, &seqs).await;
+        let read = read_rows(&mut tx).await - before;
+
+        assert!(
+            read <= 10,
+            "marking 1 row failed read {read} of {grown} rows"
+        );
+    }
+
     /// The relay's statements are planned once per connection, not once per pass: a custom plan
     /// for each pass's array of seqs cost more than running the statement. PostgreSQL's own
     /// count of a prepared statement's plans tells, so no clock is involved.
@@ -317,6 +365,15 @@ mod tests {
             Some((8, 0)),
             "{plans:?}"
         );
+    }
+
+    /// Records a refused publish of each of `seqs`, retried in a minute.
+    async fn refuse(conn: &mut PgConnection, seqs: &[i64]) {
+        let n = seqs.len();
+        let errors = vec![String::from("refused"); n];
+        mark_failed(conn, seqs, &errors, &vec![60.0; n], &vec![true; n], 5)
+            .await
+            .unwrap();
     }
 
     /// Begins a claim's transaction and claims up to 10 rows; returns it with their seqs.
