@@ -223,97 +223,72 @@ mod tests {
 
     /// A relay starts on a new, small outbox and its connection settles on generic plans; then
     /// the table grows without being analysed. Marking a pass published must still read only
-    /// the pass's rows, not the table. One connection, so the prepared statements are reused.
+    /// the pass's rows, not the table.
     #[sqlx::test(migrations = false)]
     async fn marking_a_pass_reads_its_rows_after_the_table_grew_under_cached_plans(
         options: sqlx::postgres::PgPoolOptions,
         connect: sqlx::postgres::PgConnectOptions,
     ) {
-        let pool = options
-            .max_connections(1)
-            .connect_with(connect)
-            .await
-            .unwrap();
-        crate::migrate::outbox(&pool).await.unwrap();
-        sqlx::query("ALTER TABLE outbox SET (autovacuum_enabled = off)")
-            .execute(&pool)
-            .await
-            .unwrap();
-        let insert = |rows: i64, status: &'static str| {
-            sqlx::query(
-                "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload, status)
-                 SELECT gen_random_uuid(), 'order', 'o' || i, 'OrderPlaced', '{}', $2
-                 FROM generate_series(1, $1) i",
-            )
-            .bind(rows)
-            .bind(status)
-        };
-        // More passes than PostgreSQL's five custom plans before it may keep a generic one, of
-        // a few rows each (a custom plan for one row is cheap enough to be kept instead).
-        for _ in 0..8 {
-            insert(3, "pending").execute(&pool).await.unwrap();
-            let (mut tx, seqs) = claim_seqs(&pool).await;
-            mark_published(&mut tx, &seqs).await.unwrap();
-            tx.commit().await.unwrap();
-        }
-        let grown = 100_000;
-        insert(grown, "published").execute(&pool).await.unwrap();
-        insert(1, "pending").execute(&pool).await.unwrap();
-
-        let (mut tx, seqs) = claim_seqs(&pool).await;
-        let before = read_rows(&mut tx).await;
-        mark_published(&mut tx, &seqs).await.unwrap();
-        let read = read_rows(&mut tx).await - before;
-
-        assert_eq!(seqs.len(), 1);
-        assert!(read <= 10, "marking 1 row read {read} of {grown} rows");
+        recording_reads_its_rows_after_the_table_grew(options, connect, Record::Published).await;
     }
 
-    /// As above for recording failed publishes: its generic plan, made on the first pass over
-    /// a tiny outbox, must still read only the pass's rows once the table has grown.
+    /// As above for recording refused publishes: with the claim's plan settings, the generic
+    /// plan is made on the first pass over a tiny outbox.
     #[sqlx::test(migrations = false)]
     async fn marking_failures_reads_their_rows_after_the_table_grew_under_cached_plans(
         options: sqlx::postgres::PgPoolOptions,
         connect: sqlx::postgres::PgConnectOptions,
     ) {
-        let pool = options
-            .max_connections(1)
-            .connect_with(connect)
-            .await
-            .unwrap();
-        crate::migrate::outbox(&pool).await.unwrap();
+        recording_reads_its_rows_after_the_table_grew(options, connect, Record::Refused).await;
+    }
+
+    /// How a test's pass records its rows.
+    #[derive(Debug, Clone, Copy)]
+    enum Record {
+        Published,
+        Refused,
+    }
+
+    /// Runs passes recorded as `record` on a small outbox, grows it without analysing it, and
+    /// checks that recording a pass of one row reads at most a few rows. One connection, so
+    /// the prepared statements are reused.
+    async fn recording_reads_its_rows_after_the_table_grew(
+        options: sqlx::postgres::PgPoolOptions,
+        connect: sqlx::postgres::PgConnectOptions,
+        record: Record,
+    ) {
+        let pool = one_connection(options, connect).await;
         sqlx::query("ALTER TABLE outbox SET (autovacuum_enabled = off)")
             .execute(&pool)
             .await
             .unwrap();
-        let insert = |rows: i64, status: &'static str| {
-            sqlx::query(
-                "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload, status)
-                 SELECT gen_random_uuid(), 'order', gen_random_uuid()::text, 'OrderPlaced', '{}', $2
-                 FROM generate_series(1, $1) i",
-            )
-            .bind(rows)
-            .bind(status)
-        };
-        for _ in 0..8 {
-            insert(3, "pending").execute(&pool).await.unwrap();
-            let (mut tx, seqs) = claim_seqs(&pool).await;
-            refuse(&mut tx, &seqs).await;
+        let pass = async |pool: &PgPool| {
+            let (mut tx, seqs) = claim_seqs(pool).await;
+            let before = read_rows(&mut tx).await;
+            match record {
+                Record::Published => mark_published(&mut tx, &seqs).await.unwrap(),
+                Record::Refused => refuse(&mut tx, &seqs).await,
+            }
+            let read = read_rows(&mut tx).await - before;
             tx.commit().await.unwrap();
+            (seqs.len(), read)
+        };
+        // More passes than PostgreSQL's five custom plans before it may keep a generic one, of
+        // a few rows each (a custom plan for one row is cheap enough to be kept instead).
+        for _ in 0..8 {
+            insert(&pool, 3, "pending").await;
+            pass(&pool).await;
         }
         let grown = 100_000;
-        insert(grown, "published").execute(&pool).await.unwrap();
-        insert(1, "pending").execute(&pool).await.unwrap();
+        insert(&pool, grown, "published").await;
+        insert(&pool, 1, "pending").await;
 
-        let (mut tx, seqs) = claim_seqs(&pool).await;
-        assert_eq!(seqs.len(), 1);
-        let before = read_rows(&mut tx).await;
-        refuse(&mut tx, &seqs).await;
-        let read = read_rows(&mut tx).await - before;
+        let (recorded, read) = pass(&pool).await;
 
+        assert_eq!(recorded, 1);
         assert!(
             read <= 10,
-            "marking 1 row failed read {read} of {grown} rows"
+            "recording 1 row {record:?} read {read} of {grown} rows"
         );
     }
 
@@ -325,22 +300,9 @@ mod tests {
         options: sqlx::postgres::PgPoolOptions,
         connect: sqlx::postgres::PgConnectOptions,
     ) {
-        let pool = options
-            .max_connections(1)
-            .connect_with(connect)
-            .await
-            .unwrap();
-        crate::migrate::outbox(&pool).await.unwrap();
+        let pool = one_connection(options, connect).await;
         for rows in 1..=8 {
-            sqlx::query(
-                "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload)
-                 SELECT gen_random_uuid(), 'order', 'o' || i, 'OrderPlaced', '{}'
-                 FROM generate_series(1, $1) i",
-            )
-            .bind(rows)
-            .execute(&pool)
-            .await
-            .unwrap();
+            insert(&pool, rows, "pending").await;
             let (mut tx, seqs) = claim_seqs(&pool).await;
             mark_published(&mut tx, &seqs).await.unwrap();
             tx.commit().await.unwrap();
@@ -365,6 +327,34 @@ mod tests {
             Some((8, 0)),
             "{plans:?}"
         );
+    }
+
+    /// A migrated outbox behind a pool of one connection.
+    async fn one_connection(
+        options: sqlx::postgres::PgPoolOptions,
+        connect: sqlx::postgres::PgConnectOptions,
+    ) -> PgPool {
+        let pool = options
+            .max_connections(1)
+            .connect_with(connect)
+            .await
+            .unwrap();
+        crate::migrate::outbox(&pool).await.unwrap();
+        pool
+    }
+
+    /// Inserts `rows` events of `status`, each of an aggregate of its own.
+    async fn insert(pool: &PgPool, rows: i64, status: &str) {
+        sqlx::query(
+            "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload, status)
+             SELECT gen_random_uuid(), 'order', gen_random_uuid()::text, 'OrderPlaced', '{}', $2
+             FROM generate_series(1, $1)",
+        )
+        .bind(rows)
+        .bind(status)
+        .execute(pool)
+        .await
+        .unwrap();
     }
 
     /// Records a refused publish of each of `seqs`, retried in a minute.
