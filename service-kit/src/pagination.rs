@@ -117,13 +117,15 @@ impl<T: ToSchema> Page<T> {
     /// Cuts `rows` (fetched with `limit + 1`) to one page, with the cursor of the next if any.
     pub fn of(mut rows: Vec<T>, limit: i64, cursor_of: impl Fn(&T) -> String) -> Self {
         let limit = usize::try_from(limit).unwrap_or(usize::MAX);
-        let next_cursor = (rows.len() > limit).then(|| {
+        let next_cursor = if rows.len() > limit {
             rows.truncate(limit);
             rows.last().map(cursor_of)
-        });
+        } else {
+            None
+        };
         Self {
             items: rows,
-            next_cursor: next_cursor.flatten(),
+            next_cursor,
         }
     }
 }
