@@ -7,6 +7,10 @@
 //! On the consuming side the [`Inbox`] records each message id in the same transaction as the
 //! message's effect, so a redelivered message does nothing.
 //!
+//! `examples/greetings.rs` is a whole small service built on it (an axum handler that
+//! enqueues, the relay beside it, a consumer applying messages through the inbox); the crate
+//! README walks through it.
+//!
 //! Modules:
 //! - [`event`]: the event a caller enqueues, and the rules its names follow;
 //! - [`outbox`]: [`enqueue`] in the caller's transaction, stats, dead letters and cleanup;

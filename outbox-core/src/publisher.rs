@@ -25,6 +25,19 @@ pub struct Message {
     pub payload: Bytes,
 }
 
+impl Message {
+    /// A message with these parts, for a [`Publisher`] of one's own to be tested with (the
+    /// relay makes its messages from outbox rows).
+    pub fn new(id: Uuid, subject: impl Into<String>, headers: HeaderMap, payload: Bytes) -> Self {
+        Self {
+            id,
+            subject: subject.into(),
+            headers,
+            payload,
+        }
+    }
+}
+
 /// Something that publishes messages and reports, per message, whether the broker stored it.
 ///
 /// The relay calls [`Publisher::publish`] with messages of distinct aggregates only, so an

@@ -28,7 +28,8 @@ use crate::{ApiError, Json};
 pub const BODY_LIMIT: usize = 64 * 1024;
 
 const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
-const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
+// The W3C header, as the outbox carries it on to NATS.
+const TRACEPARENT: HeaderName = HeaderName::from_static(outbox_core::headers::TRACEPARENT);
 
 /// How much work the HTTP server takes on.
 #[derive(Debug, Clone, Copy)]

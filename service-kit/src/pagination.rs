@@ -70,20 +70,6 @@ pub struct PageParams {
     pub cursor: Option<String>,
 }
 
-/// The query of an oldest-first list of numbered items.
-#[derive(Debug, Deserialize, IntoParams)]
-#[serde(deny_unknown_fields)]
-#[into_params(parameter_in = Query)]
-pub struct NumberedPageParams {
-    /// Items per page, 1-200 (default 50).
-    #[param(minimum = 1, maximum = 200)]
-    pub limit: Option<i64>,
-    /// `nextCursor` of the previous page: the number of the last item seen; the page holds the
-    /// items after it.
-    #[param(pattern = r"^[0-9]{1,18}$")]
-    pub cursor: Option<String>,
-}
-
 /// The page size asked for, checked against the bounds.
 pub fn limit(requested: Option<i64>) -> Result<i64, ApiError> {
     match requested {

@@ -75,11 +75,6 @@ impl ApiError {
         }
     }
 
-    /// 400: the request cannot be read.
-    pub fn bad_request(detail: impl Into<String>) -> Self {
-        Self::new(StatusCode::BAD_REQUEST, "bad-request", detail)
-    }
-
     /// 404.
     pub fn not_found(detail: impl Into<String>) -> Self {
         Self::new(StatusCode::NOT_FOUND, "not-found", detail)

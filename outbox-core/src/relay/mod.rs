@@ -15,10 +15,12 @@
 //! # What keeps each aggregate's events in order
 //!
 //! Every mechanism below is needed; each names what it relies on.
-//! 1. **Commit order is seq order** (`outbox::storage::insert`): an enqueue takes a
-//!    transaction-scoped advisory lock on its aggregate before inserting, so two transactions
-//!    with events of one aggregate commit one after the other and the later one's rows get the
-//!    higher seqs. Relies on every event being written through [`crate::enqueue`].
+//! 1. **Commit order is seq order** (the SQL function `outbox_enqueue`, migration
+//!    `20261203000009_outbox_enqueue`, which `outbox::storage::insert` calls): an enqueue
+//!    takes a transaction-scoped advisory lock on its aggregate before inserting, so two
+//!    transactions with events of one aggregate commit one after the other and the later one's
+//!    rows get the higher seqs. Relies on every event being written through [`crate::enqueue`]
+//!    or `outbox_enqueue`.
 //! 2. **The claim's barrier** (`storage::claim`): a row behind a dead event or behind an event
 //!    whose publish failed (`attempts > 0`) is not claimed, only the failing head is (when
 //!    due). A row whose earlier unpublished event is outside the claim (locked by another pass
