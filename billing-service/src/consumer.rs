@@ -437,7 +437,10 @@ impl Rules {
         let outcome = self
             .inbox
             .process(&id, &digest, move |conn| {
-                Box::pin(invoices::apply(conn, change))
+                Box::pin(async move {
+                    let applied = invoices::apply(conn, &[(0, change)]).await;
+                    applied.map(|_| ()).map_err(|(_, error)| error)
+                })
             })
             .await;
         if matches!(outcome, Ok(Outcome::Processed(()))) {
@@ -446,8 +449,9 @@ impl Rules {
         self.judge(&id, outcome)
     }
 
-    /// Applies the messages of one lane (numbered as `spans`) in one inbox transaction, and
-    /// returns each one's verdict. A message whose effect fails is taken out: the ones before it
+    /// Applies the messages of one lane (numbered as `spans`) in one inbox transaction (their
+    /// changes in a statement per run of one kind, see `invoices::apply`), and returns each
+    /// one's verdict. A message whose effect fails is taken out: the ones before it
     /// are applied together, then it is judged on its own, then the ones after it go on
     /// together, so the lane's order holds and it never fails its batch-mates.
     async fn apply_all(
@@ -475,8 +479,10 @@ impl Rules {
             let changes: Vec<Change> = group.iter().map(|(_, a)| a.change.clone()).collect();
             let outcome = self
                 .inbox
-                .process_batch(&keys, |conn, i| {
-                    Box::pin(invoices::apply(conn, changes[i].clone()))
+                .process_batch_together(&keys, |conn, new| {
+                    let changes: Vec<(usize, Change)> =
+                        new.iter().map(|&i| (i, changes[i].clone())).collect();
+                    Box::pin(async move { invoices::apply(conn, &changes).await })
                 })
                 .await;
             match outcome {

@@ -4,7 +4,7 @@ mod common;
 
 use common::migrate;
 use outbox_core::inbox::{Digest, NewDeadLetter};
-use outbox_core::{Inbox, InboxError, Outcome};
+use outbox_core::{Inbox, InboxError, Outcome, headers};
 use sqlx::PgPool;
 
 async fn count(pool: &PgPool, table: &str) -> i64 {
@@ -266,6 +266,74 @@ async fn a_batch_applies_each_new_message_once(pool: PgPool) {
     let outcomes = count_up_batch(&inbox, &[("m4", a), ("m6", a)]).await;
     assert_eq!(outcomes, [Outcome::Processed(()), Outcome::Processed(())]);
     assert_eq!(counter(&pool).await, 5);
+}
+
+/// A batch applied together hands its effect every new message at once, in batch order: copies
+/// (in the batch or from before) and reused ids are left out; an effect's failure at a message
+/// records nothing of the batch, and the error names that message.
+#[sqlx::test(migrations = false)]
+async fn a_batch_applied_together_gets_its_new_messages_in_one_call(pool: PgPool) {
+    migrate(&pool).await;
+    create_counter(&pool).await;
+    let inbox = Inbox::new(pool.clone(), "billing");
+    let (a, b) = (Digest::of(&[b"a"]), Digest::of(&[b"b"]));
+    count_up(&inbox, "m0", &a).await;
+    let mut calls: Vec<Vec<usize>> = Vec::new();
+    let batch = [
+        ("m1", a),
+        ("m0", a),
+        ("m2", a),
+        ("m1", a),
+        ("m0", b),
+        ("m3", a),
+    ];
+    let outcomes = inbox
+        .process_batch_together(&batch, |conn, new| {
+            calls.push(new.to_vec());
+            let n = i32::try_from(new.len()).unwrap();
+            Box::pin(async move {
+                sqlx::query("UPDATE counter SET n = n + $1")
+                    .bind(n)
+                    .execute(conn)
+                    .await
+                    .map_err(|error| (0, error))?;
+                Ok(new.iter().map(|&i| i * 10).collect())
+            })
+        })
+        .await
+        .unwrap();
+    assert_eq!(calls, [vec![0, 2, 5]]);
+    assert_eq!(
+        outcomes,
+        [
+            Outcome::Processed(0),
+            Outcome::Duplicate,
+            Outcome::Processed(20),
+            Outcome::Duplicate,
+            Outcome::IdReused,
+            Outcome::Processed(50),
+        ]
+    );
+    assert_eq!(counter(&pool).await, 4);
+
+    let failed = inbox
+        .process_batch_together(&[("m4", a), ("m5", a), ("m3", a)], |conn, new| {
+            Box::pin(async move {
+                sqlx::query("UPDATE counter SET n = n + 100")
+                    .execute(conn)
+                    .await
+                    .map_err(|error| (new[0], error))?;
+                Err::<Vec<()>, _>((new[1], sqlx::Error::RowNotFound))
+            })
+        })
+        .await;
+    assert!(matches!(
+        failed,
+        Err(outbox_core::BatchError::Effect { index: 1, .. })
+    ));
+    assert_eq!(counter(&pool).await, 4, "nothing of the failed batch");
+    let outcomes = count_up_batch(&inbox, &[("m4", a), ("m5", a)]).await;
+    assert_eq!(outcomes, [Outcome::Processed(()), Outcome::Processed(())]);
 }
 
 /// Two consumers processing the same 200 messages in batches at once, one in the order of the
@@ -612,7 +680,7 @@ async fn a_redelivered_dead_message_keeps_one_letter(pool: PgPool) {
     let letter = |payload: &'static [u8], deliveries: i64| {
         let mut letter = NewDeadLetter::new("orders.OrderPlaced.o-1", payload, "cannot parse");
         letter.message_id = Some("m-1");
-        letter.headers = serde_json::json!({ "ce-id": ["m-1"] });
+        letter.headers = serde_json::json!({ headers::ID: ["m-1"] });
         letter.deliveries = deliveries;
         letter
     };

@@ -73,25 +73,64 @@ pub enum ApplyError {
     Database(#[from] sqlx::Error),
 }
 
-/// Applies `change` on `conn` (inside the inbox transaction).
-pub async fn apply(conn: &mut PgConnection, change: Change) -> Result<(), ApplyError> {
-    match change {
-        Change::Open {
-            order_id,
-            total_minor,
-        } => {
-            // The unique order_id makes a second OrderPlaced for the same order a no-op.
-            store::open(conn, Uuid::now_v7(), &order_id, total_minor).await?;
-        }
-        Change::Pay { order_id } => {
-            if !store::pay(conn, &order_id).await? {
-                return Err(ApplyError::NotYet(format!(
-                    "no invoice for order {order_id} yet"
-                )));
+/// Applies `changes` on `conn` (inside the inbox transaction), in their order, and returns a
+/// `()` for each, or the place (the number paired with it) of the first change that failed
+/// with its error. Consecutive changes of one kind share a statement: one round trip for a run
+/// of them instead of one each; a statement's database error is laid at its run's first change
+/// (the consumer then applies that one alone, and so finds the one at fault).
+pub async fn apply(
+    conn: &mut PgConnection,
+    changes: &[(usize, Change)],
+) -> Result<Vec<()>, (usize, ApplyError)> {
+    let mut rest = changes;
+    while let Some((first, change)) = rest.first() {
+        let same_kind = |(_, other): &&(usize, Change)| {
+            std::mem::discriminant(other) == std::mem::discriminant(change)
+        };
+        let (run, later) = rest.split_at(rest.iter().take_while(same_kind).count());
+        let failed = |error: sqlx::Error| (*first, ApplyError::from(error));
+        let order_ids: Vec<&str> = run.iter().map(|(_, change)| change.order_id()).collect();
+        match change {
+            Change::Open { .. } => {
+                // The unique order_id makes a second OrderPlaced for the same order a no-op.
+                let ids: Vec<Uuid> = run.iter().map(|_| Uuid::now_v7()).collect();
+                let totals: Vec<i64> = run
+                    .iter()
+                    .map(|(_, change)| match change {
+                        Change::Open { total_minor, .. } => *total_minor,
+                        Change::Pay { .. } => unreachable!("a run holds one kind of change"),
+                    })
+                    .collect();
+                store::open(conn, &ids, &order_ids, &totals)
+                    .await
+                    .map_err(failed)?;
+            }
+            Change::Pay { .. } => {
+                let paid = store::pay(conn, &order_ids).await.map_err(failed)?;
+                if let Some((i, order_id)) = run
+                    .iter()
+                    .map(|(i, change)| (*i, change.order_id()))
+                    .find(|(_, order_id)| !paid.iter().any(|paid| paid == order_id))
+                {
+                    return Err((
+                        i,
+                        ApplyError::NotYet(format!("no invoice for order {order_id} yet")),
+                    ));
+                }
             }
         }
+        rest = later;
     }
-    Ok(())
+    Ok(vec![(); changes.len()])
+}
+
+impl Change {
+    /// The order the change is about.
+    fn order_id(&self) -> &str {
+        match self {
+            Change::Open { order_id, .. } | Change::Pay { order_id } => order_id,
+        }
+    }
 }
 
 /// The `/invoices` routes.

@@ -6,39 +6,41 @@ use uuid::Uuid;
 use super::{Invoice, InvoiceStatus};
 use service_kit::pagination::Cursor;
 
-/// Opens the invoice of an order unless it has one.
+/// Opens the invoice of each order of `order_ids` (with `ids` and `totals` alike) that has
+/// none, in one statement.
 pub(super) async fn open(
     conn: &mut PgConnection,
-    id: Uuid,
-    order_id: &str,
-    total_minor: i64,
+    ids: &[Uuid],
+    order_ids: &[&str],
+    totals: &[i64],
 ) -> sqlx::Result<()> {
     sqlx::query!(
         r#"
-        INSERT INTO invoices (id, order_id, total_minor) VALUES ($1, $2, $3)
+        INSERT INTO invoices (id, order_id, total_minor)
+        SELECT * FROM unnest($1::uuid[], $2::text[], $3::bigint[])
         ON CONFLICT (order_id) DO NOTHING
         "#,
-        id,
-        order_id,
-        total_minor,
+        ids,
+        order_ids as &[&str],
+        totals,
     )
     .execute(conn)
     .await?;
     Ok(())
 }
 
-/// Marks the order's invoice paid; false when the order has no invoice.
-pub(super) async fn pay(conn: &mut PgConnection, order_id: &str) -> sqlx::Result<bool> {
-    let result = sqlx::query!(
+/// Marks the invoices of `order_ids` paid, in one statement; returns the orders that have one.
+pub(super) async fn pay(conn: &mut PgConnection, order_ids: &[&str]) -> sqlx::Result<Vec<String>> {
+    sqlx::query_scalar!(
         r#"
         UPDATE invoices SET status = 'paid', paid_at = COALESCE(paid_at, clock_timestamp())
-        WHERE order_id = $1
+        WHERE order_id = ANY($1::text[])
+        RETURNING order_id
         "#,
-        order_id,
+        order_ids as &[&str],
     )
-    .execute(conn)
-    .await?;
-    Ok(result.rows_affected() == 1)
+    .fetch_all(conn)
+    .await
 }
 
 /// Reads one invoice.

@@ -326,6 +326,20 @@ pub async fn run_max_rate(options: &Options) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Runs billing's two drains alone (batched, the default; a transaction per message) and prints
+/// them with their ratio.
+pub async fn run_billing(options: &Options) -> anyhow::Result<()> {
+    crate::process::binary("billing-service");
+    let drains = billing_drains(options.billing_messages).await?;
+    println!(
+        "billing drain          {:>8.0} invoices/s  {:.1}x a transaction per message ({:.0}/s)",
+        drains[0],
+        drains[0] / drains[1],
+        drains[1]
+    );
+    Ok(())
+}
+
 /// The relay drains: 1 relay keeping rows, 1 deleting them, 4 keeping them.
 async fn relay_drains(events: i64) -> anyhow::Result<Vec<f64>> {
     let mut drains = Vec::new();

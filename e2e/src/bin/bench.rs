@@ -7,6 +7,7 @@
 //!   cargo run --release -p e2e --bin bench -- --growth-only    # only the growth phase
 //!   cargo run --release -p e2e --bin bench -- --steady-only    # only the steady phases
 //!   cargo run --release -p e2e --bin bench -- --max-rate-only  # only the maximum rates
+//!   cargo run --release -p e2e --bin bench -- --billing-only   # only billing's two drains
 //!   cargo run --release -p e2e --bin bench -- --markdown BENCHMARKS.md results/*/results.json
 //!                                       # the figures of those runs, a column each, as Markdown
 
@@ -27,6 +28,7 @@ async fn main() -> anyhow::Result<()> {
             "--growth-only" => only = "growth",
             "--steady-only" => only = "steady",
             "--max-rate-only" => only = "max-rate",
+            "--billing-only" => only = "billing",
             "--growth-rows" => {
                 let rows = args.next().unwrap_or_default();
                 growth_rows =
@@ -67,6 +69,7 @@ async fn main() -> anyhow::Result<()> {
         "growth" => drop(bench::run_growth(&options).await?),
         "steady" => bench::run_steady(&options).await?,
         "max-rate" => bench::run_max_rate(&options).await?,
+        "billing" => bench::run_billing(&options).await?,
         _ => drop(bench::run(&options).await?),
     }
     Ok(())

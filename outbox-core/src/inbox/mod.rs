@@ -90,6 +90,44 @@ pub enum BatchError<E> {
     Database(#[from] sqlx::Error),
 }
 
+/// What the effect of [`Inbox::process_batch_together`] returns: a value per message, or the
+/// place in the batch of the message that failed, with its error.
+pub type GroupFuture<'c, T, E> = BoxFuture<'c, Result<Vec<T>, (usize, E)>>;
+
+/// A batch's effect: run per message, or once for all the new ones.
+enum Effect<F, G> {
+    Each(F),
+    Together(G),
+}
+
+/// The form of effect a batch does not use.
+type NoEach<T, E> = for<'c> fn(&'c mut PgConnection, usize) -> BoxFuture<'c, Result<T, E>>;
+type NoGroup<T, E> = for<'c> fn(&'c mut PgConnection, &'c [usize]) -> GroupFuture<'c, T, E>;
+
+impl<F, G> Effect<F, G> {
+    /// Applies the messages at `new`, in order; the first failure ends it.
+    async fn apply<T, E>(
+        &mut self,
+        conn: &mut PgConnection,
+        new: &[usize],
+    ) -> Result<Vec<T>, (usize, E)>
+    where
+        F: for<'c> FnMut(&'c mut PgConnection, usize) -> BoxFuture<'c, Result<T, E>>,
+        G: for<'c> FnMut(&'c mut PgConnection, &'c [usize]) -> GroupFuture<'c, T, E>,
+    {
+        match self {
+            Effect::Each(effect) => {
+                let mut values = Vec::with_capacity(new.len());
+                for &i in new {
+                    values.push(effect(&mut *conn, i).await.map_err(|error| (i, error))?);
+                }
+                Ok(values)
+            }
+            Effect::Together(effect) => effect(conn, new).await,
+        }
+    }
+}
+
 /// Counts for dashboards, over the inbox's retention window, read in constant time: the
 /// inbox keeps `processed` and `duplicate` as it goes, and `dead` is counted up to
 /// [`crate::outbox::COUNT_LIMIT`].
@@ -263,10 +301,43 @@ impl Inbox {
     pub async fn process_batch<T, E, F>(
         &self,
         batch: &[(&str, Digest)],
-        mut effect: F,
+        effect: F,
     ) -> Result<Vec<Outcome<T>>, BatchError<E>>
     where
         F: for<'c> FnMut(&'c mut PgConnection, usize) -> BoxFuture<'c, Result<T, E>>,
+    {
+        self.run_batch(batch, Effect::<F, NoGroup<T, E>>::Each(effect))
+            .await
+    }
+
+    /// [`Inbox::process_batch`] with one call of `effect` for the messages not processed
+    /// before: `effect(conn, new)` gets their places in `batch`, in batch order, and returns
+    /// one value per place, or the place of the message that failed with its error. For an
+    /// effect that writes many messages' rows in one statement, a round trip to the database
+    /// for the batch instead of one per message. `effect` is called once per batch, and once
+    /// more for each message whose id appears earlier in the batch (after the call that
+    /// applied that one).
+    pub async fn process_batch_together<T, E, G>(
+        &self,
+        batch: &[(&str, Digest)],
+        effect: G,
+    ) -> Result<Vec<Outcome<T>>, BatchError<E>>
+    where
+        G: for<'c> FnMut(&'c mut PgConnection, &'c [usize]) -> GroupFuture<'c, T, E>,
+    {
+        self.run_batch(batch, Effect::<NoEach<T, E>, G>::Together(effect))
+            .await
+    }
+
+    /// The transaction of [`Inbox::process_batch`] and [`Inbox::process_batch_together`].
+    async fn run_batch<T, E, F, G>(
+        &self,
+        batch: &[(&str, Digest)],
+        mut effect: Effect<F, G>,
+    ) -> Result<Vec<Outcome<T>>, BatchError<E>>
+    where
+        F: for<'c> FnMut(&'c mut PgConnection, usize) -> BoxFuture<'c, Result<T, E>>,
+        G: for<'c> FnMut(&'c mut PgConnection, &'c [usize]) -> GroupFuture<'c, T, E>,
     {
         // Each id's first message is recorded with the others'; a repeat afterwards, in the same
         // transaction, where it finds the first's record.
@@ -281,15 +352,27 @@ impl Inbox {
             let recorded =
                 storage::record(&mut tx, &self.consumer, &ids, &digests, slot.cast_signed())
                     .await?;
+            let mut new = Vec::with_capacity(group.len());
             for (&i, recorded) in group.iter().zip(recorded) {
-                outcomes[i] = Some(match recorded {
-                    storage::Recorded::New => match effect(&mut tx, i).await {
-                        Ok(value) => Outcome::Processed(value),
-                        Err(error) => return Err(BatchError::Effect { index: i, error }),
-                    },
-                    storage::Recorded::Copy => Outcome::Duplicate,
-                    storage::Recorded::OtherContent => Outcome::IdReused,
-                });
+                outcomes[i] = match recorded {
+                    storage::Recorded::New => {
+                        new.push(i);
+                        None
+                    }
+                    storage::Recorded::Copy => Some(Outcome::Duplicate),
+                    storage::Recorded::OtherContent => Some(Outcome::IdReused),
+                };
+            }
+            if new.is_empty() {
+                continue;
+            }
+            let values = effect
+                .apply(&mut tx, &new)
+                .await
+                .map_err(|(index, error)| BatchError::Effect { index, error })?;
+            assert_eq!(values.len(), new.len(), "an effect's value per message");
+            for (i, value) in new.into_iter().zip(values) {
+                outcomes[i] = Some(Outcome::Processed(value));
             }
         }
         tx.commit().await?;
