@@ -495,11 +495,22 @@ impl Rules {
                         verdicts.push((i, verdict));
                     }
                 }
-                Err(BatchError::Effect { index, .. }) => {
+                Err(BatchError::Effect { index, error }) => {
                     let after = group.split_off(index + 1);
                     let failed = group.pop().into_iter().collect();
-                    for part in [after, failed, group] {
-                        groups.push_front(part);
+                    if let ApplyError::Database(_) = error {
+                        // Laid at the first change of the statement that failed, not at the one
+                        // at fault (`invoices::apply`): the rest goes one by one, so each is
+                        // judged on its own error.
+                        for single in after.into_iter().rev() {
+                            groups.push_front(vec![single]);
+                        }
+                        groups.push_front(failed);
+                        groups.push_front(group);
+                    } else {
+                        for part in [after, failed, group] {
+                            groups.push_front(part);
+                        }
                     }
                 }
                 Err(error) => {

@@ -315,6 +315,17 @@ async fn a_batch_applied_together_gets_its_new_messages_in_one_call(pool: PgPool
         ]
     );
     assert_eq!(counter(&pool).await, 4);
+    let copies = inbox
+        .process_batch_together(&[("m1", a), ("m0", a)], |_, new| {
+            calls.push(new.to_vec());
+            Box::pin(std::future::ready(Ok::<Vec<()>, (usize, sqlx::Error)>(
+                Vec::new(),
+            )))
+        })
+        .await
+        .unwrap();
+    assert_eq!(copies, [Outcome::Duplicate, Outcome::Duplicate]);
+    assert_eq!(calls, [vec![0, 2, 5]], "no call when nothing is new");
 
     let failed = inbox
         .process_batch_together(&[("m4", a), ("m5", a), ("m3", a)], |conn, new| {

@@ -76,18 +76,17 @@ pub enum ApplyError {
 /// Applies `changes` on `conn` (inside the inbox transaction), in their order, and returns a
 /// `()` for each, or the place (the number paired with it) of the first change that failed
 /// with its error. Consecutive changes of one kind share a statement: one round trip for a run
-/// of them instead of one each; a statement's database error is laid at its run's first change
-/// (the consumer then applies that one alone, and so finds the one at fault).
+/// of them instead of one each. A run of payments ends before an order it already pays, so
+/// that each payment is a row update of its own, as the test log of applications counts them.
+/// A statement's database error is laid at its run's first change: the one at fault may be
+/// any of the run.
 pub async fn apply(
     conn: &mut PgConnection,
     changes: &[(usize, Change)],
 ) -> Result<Vec<()>, (usize, ApplyError)> {
     let mut rest = changes;
     while let Some((first, change)) = rest.first() {
-        let same_kind = |(_, other): &&(usize, Change)| {
-            std::mem::discriminant(other) == std::mem::discriminant(change)
-        };
-        let (run, later) = rest.split_at(rest.iter().take_while(same_kind).count());
+        let (run, later) = rest.split_at(run_length(rest));
         let failed = |error: sqlx::Error| (*first, ApplyError::from(error));
         let order_ids: Vec<&str> = run.iter().map(|(_, change)| change.order_id()).collect();
         match change {
@@ -122,6 +121,29 @@ pub async fn apply(
         rest = later;
     }
     Ok(vec![(); changes.len()])
+}
+
+/// How many of `changes`, from the first, make one statement: consecutive changes of its kind,
+/// up to a payment of an order the run already pays.
+fn run_length(changes: &[(usize, Change)]) -> usize {
+    let Some((_, first)) = changes.first() else {
+        return 0;
+    };
+    let mut paying: Vec<&str> = Vec::new();
+    changes
+        .iter()
+        .take_while(|(_, change)| {
+            std::mem::discriminant(change) == std::mem::discriminant(first)
+                && match change {
+                    Change::Open { .. } => true,
+                    Change::Pay { order_id } => {
+                        let first_of_its_order = !paying.contains(&order_id.as_str());
+                        paying.push(order_id);
+                        first_of_its_order
+                    }
+                }
+        })
+        .count()
 }
 
 impl Change {

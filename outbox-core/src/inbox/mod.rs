@@ -312,11 +312,16 @@ impl Inbox {
 
     /// [`Inbox::process_batch`] with one call of `effect` for the messages not processed
     /// before: `effect(conn, new)` gets their places in `batch`, in batch order, and returns
-    /// one value per place, or the place of the message that failed with its error. For an
-    /// effect that writes many messages' rows in one statement, a round trip to the database
-    /// for the batch instead of one per message. `effect` is called once per batch, and once
-    /// more for each message whose id appears earlier in the batch (after the call that
-    /// applied that one).
+    /// one value per place, or one of those places (the message that failed) with its error.
+    /// For an effect that writes many messages' rows in one statement, a round trip to the
+    /// database for the batch instead of one per message. `effect` is called at most once per
+    /// batch (a repeated id is judged against its first copy, never new), and not when no
+    /// message is new.
+    ///
+    /// # Panics
+    ///
+    /// If `effect` returns another number of values than places, or fails at a place it was
+    /// not given.
     pub async fn process_batch_together<T, E, G>(
         &self,
         batch: &[(&str, Digest)],
@@ -369,7 +374,13 @@ impl Inbox {
             let values = effect
                 .apply(&mut tx, &new)
                 .await
-                .map_err(|(index, error)| BatchError::Effect { index, error })?;
+                .map_err(|(index, error)| {
+                    assert!(
+                        new.contains(&index),
+                        "an effect fails at a place it was given"
+                    );
+                    BatchError::Effect { index, error }
+                })?;
             assert_eq!(values.len(), new.len(), "an effect's value per message");
             for (i, value) in new.into_iter().zip(values) {
                 outcomes[i] = Some(Outcome::Processed(value));
