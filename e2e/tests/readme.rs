@@ -26,8 +26,9 @@ const RUN_ELSEWHERE: &[(&str, &str)] = &[
         "scripts/test runs the same binary with --smoke",
     ),
     (
-        "cargo run --release -p e2e --bin bench -- --markdown BENCHMARKS.md results/*/results.json",
-        "scripts/test runs the same binary's --markdown on its smoke run's results",
+        "cargo run --release -p e2e --bin bench -- --markdown BENCHMARKS.md docs/bench/*.json",
+        "scripts/test runs the same binary's --markdown on its smoke run's results, and \
+         e2e/tests/benchmarks.rs the same function on docs/bench/",
     ),
     (
         "cargo run --release -p e2e --bin bench -- --smoke",
