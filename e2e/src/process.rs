@@ -447,6 +447,9 @@ impl Service {
             .expect("log file");
         let child = Command::new(binary(name))
             .env("LOG_FORMAT", "json")
+            // Warnings and errors only: a line per request and per message (the default, `info`)
+            // would fill the log files of long runs. Interleaved benchmark runs at both levels
+            // did not differ beyond their noise (docs/performance.md, 2026-12-04).
             .env("RUST_LOG", "warn")
             .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdout(Stdio::from(log.try_clone().expect("log file")))
