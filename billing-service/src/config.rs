@@ -33,10 +33,10 @@ pub struct ConsumerConfig {
     pub max_retries: i64,
     /// `CONSUMER_BATCH`: messages pulled per request.
     pub batch: usize,
-    /// `CONSUMER_CONCURRENCY`: messages handled at once, each order's one after another.
+    /// `CONSUMER_CONCURRENCY`: most transactions at once; beyond the first, one starts only
+    /// when a full batch waits (see `batcher`).
     pub concurrency: usize,
-    /// `CONSUMER_APPLY_BATCH`: most messages of one lane applied in one transaction (1: each
-    /// in its own).
+    /// `CONSUMER_APPLY_BATCH`: most messages applied in one transaction (1: each in its own).
     pub apply_batch: usize,
 }
 

@@ -21,7 +21,7 @@
 //!   letter; any other database error → `Nak` with a delay, never a dead letter.
 
 use std::collections::HashMap;
-use std::hash::BuildHasher as _;
+use std::hash::{BuildHasher as _, RandomState};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -32,10 +32,11 @@ use outbox_core::headers;
 use outbox_core::inbox::{Digest, NewDeadLetter};
 use outbox_core::{BatchError, Inbox, InboxError, Outcome};
 use serde::Deserialize;
-use tokio::sync::mpsc;
+use tokio::task::{JoinError, JoinSet};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
+use crate::batcher::{Batcher, Key};
 use crate::config::ConsumerConfig;
 use crate::invoices::{self, ApplyError, Change};
 use crate::quarantine::Sweep;
@@ -63,10 +64,6 @@ pub async fn durable(
         .await?;
     Ok(consumer)
 }
-
-/// Messages waiting in one lane besides one batch's worth; beyond this the pull waits, so few
-/// are held unacknowledged.
-const LANE_QUEUE: usize = 16;
 
 /// The consumer loop of billing-service.
 #[derive(Debug)]
@@ -152,48 +149,22 @@ impl Consumer {
 
     /// Handles messages until `shutdown` is cancelled; messages in hand are finished first.
     ///
-    /// Messages are spread over `concurrency` lanes by order id (`ce-subject`): each lane
-    /// handles its messages one after another, so one order's events are applied in the order
-    /// they arrive while different orders' transactions commit side by side.
+    /// [`Batcher`] decides which messages each transaction applies: as few transactions as
+    /// keep up, and one order's messages (by `ce-subject`) one after another in the order they
+    /// arrive, while different orders' transactions may commit side by side.
     pub async fn run(self, shutdown: CancellationToken) {
         tracing::info!(consumer = %self.config.name, "consumer started");
         let consumer = Arc::new(self);
-        let (lanes, handlers): (Vec<_>, Vec<_>) = (0..consumer.config.concurrency)
-            .map(|_| {
-                let (lane, mut queue) =
-                    mpsc::channel::<jetstream::Message>(LANE_QUEUE + consumer.config.apply_batch);
-                let consumer = consumer.clone();
-                let handler = tokio::spawn(async move {
-                    while let Some(first) = queue.recv().await {
-                        // What the lane holds already goes into the same transaction.
-                        let mut batch = vec![first];
-                        while batch.len() < consumer.config.apply_batch {
-                            match queue.try_recv() {
-                                Ok(message) => batch.push(message),
-                                Err(_) => break,
-                            }
-                        }
-                        consumer.handle(batch).await;
-                    }
-                });
-                (lane, handler)
-            })
-            .unzip();
         let sweep = tokio::spawn(consumer.sweep.clone().run(shutdown.clone()));
-        consumer.pull(&lanes, &shutdown).await;
-        drop(lanes);
+        let mut work = Work::new(consumer.clone());
+        consumer.pull(&mut work, &shutdown).await;
+        work.finish().await;
         let _ = sweep.await;
-        for handler in handlers {
-            if let Err(error) = handler.await {
-                tracing::error!(error = %error, "message handler failed");
-            }
-        }
         tracing::info!("consumer stopped");
     }
 
-    /// Pulls messages into `lanes` until `shutdown` is cancelled.
-    async fn pull(&self, lanes: &[mpsc::Sender<jetstream::Message>], shutdown: &CancellationToken) {
-        let hasher = std::hash::RandomState::new();
+    /// Pulls messages into `work` until `shutdown` is cancelled.
+    async fn pull(&self, work: &mut Work, shutdown: &CancellationToken) {
         while !shutdown.is_cancelled() {
             let messages = self
                 .durable
@@ -207,45 +178,44 @@ impl Consumer {
                 Err(error) => {
                     tracing::warn!(error = %error, "cannot pull messages; retrying");
                     self.sweep.nudge();
-                    tokio::select! {
-                        () = shutdown.cancelled() => break,
-                        () = tokio::time::sleep(Duration::from_secs(1)) => continue,
+                    let pause = tokio::time::sleep(Duration::from_secs(1));
+                    tokio::pin!(pause);
+                    loop {
+                        tokio::select! {
+                            () = shutdown.cancelled() => return,
+                            () = &mut pause => break,
+                            Some(joined) = work.running.join_next_with_id() => work.finished(joined),
+                        }
                     }
+                    continue;
                 }
             };
             loop {
-                let next = tokio::select! {
-                    () = shutdown.cancelled() => break,
-                    next = messages.next() => next,
-                };
-                match next {
-                    Some(Ok(message)) => {
-                        if let Ok(info) = message.info() {
-                            self.sweep.received(info.stream_sequence);
+                tokio::select! {
+                    () = shutdown.cancelled() => return,
+                    Some(joined) = work.running.join_next_with_id() => work.finished(joined),
+                    // Without room the pull waits: few messages are held unacknowledged.
+                    next = messages.next(), if work.batcher.has_room() => match next {
+                        Some(Ok(message)) => {
+                            if let Ok(info) = message.info() {
+                                self.sweep.received(info.stream_sequence);
+                            }
+                            work.add(message);
                         }
-                        let key = message
-                            .headers
-                            .as_ref()
-                            .and_then(|h| header(h, headers::SUBJECT));
-                        let lane = hasher.hash_one(key) as usize % lanes.len();
-                        // A full lane holds the pull back until it has room.
-                        if lanes[lane].send(message).await.is_err() {
-                            return;
+                        Some(Err(error)) => {
+                            // Perhaps a message the client could not read cut the connection.
+                            tracing::warn!(error = %error, "pull failed");
+                            self.sweep.nudge();
                         }
-                    }
-                    Some(Err(error)) => {
-                        // Perhaps a message the client could not read cut the connection.
-                        tracing::warn!(error = %error, "pull failed");
-                        self.sweep.nudge();
-                    }
-                    None => break,
+                        None => break,
+                    },
                 }
             }
         }
     }
 
-    /// Decides, applies (those that apply, in one transaction) and acknowledges messages of one
-    /// lane, in their order.
+    /// Decides, applies (those that apply, in one transaction) and acknowledges a batch of
+    /// messages, in their order.
     async fn handle(&self, messages: Vec<jetstream::Message>) {
         let in_hand: Vec<InHand> = messages.into_iter().map(InHand::new).collect();
         let mut verdicts: Vec<Option<Verdict>> = Vec::with_capacity(in_hand.len());
@@ -320,6 +290,74 @@ impl Consumer {
         if let Err(error) = message.ack_with(ack).await {
             span.in_scope(|| tracing::warn!(error = %error, "acknowledgement failed"));
         }
+    }
+}
+
+/// The consumer's transactions: those running, and the messages waiting for one.
+struct Work {
+    consumer: Arc<Consumer>,
+    batcher: Batcher<jetstream::Message>,
+    running: JoinSet<()>,
+    /// The keys each running transaction holds.
+    keys: HashMap<tokio::task::Id, Vec<Key>>,
+    hasher: RandomState,
+}
+
+impl Work {
+    fn new(consumer: Arc<Consumer>) -> Self {
+        let batcher = Batcher::new(consumer.config.apply_batch, consumer.config.concurrency);
+        Self {
+            consumer,
+            batcher,
+            running: JoinSet::new(),
+            keys: HashMap::new(),
+            hasher: RandomState::new(),
+        }
+    }
+
+    /// Puts `message` behind the waiting ones, keyed by its order id, and starts what may start.
+    fn add(&mut self, message: jetstream::Message) {
+        let order = message
+            .headers
+            .as_ref()
+            .and_then(|h| header(h, headers::SUBJECT));
+        self.batcher.push(self.hasher.hash_one(order), message);
+        self.start();
+    }
+
+    /// Starts every transaction the batcher allows now.
+    fn start(&mut self) {
+        while let Some(batch) = self.batcher.start() {
+            let consumer = self.consumer.clone();
+            let task = self
+                .running
+                .spawn(async move { consumer.handle(batch.messages).await });
+            self.keys.insert(task.id(), batch.keys);
+        }
+    }
+
+    /// Releases the keys of a transaction that ended, and starts what may start now.
+    fn finished(&mut self, joined: Result<(tokio::task::Id, ()), JoinError>) {
+        let id = match joined {
+            Ok((id, ())) => id,
+            Err(error) => {
+                // Its messages stay unacknowledged, so the broker delivers them again.
+                tracing::error!(error = %error, "message handler failed");
+                error.id()
+            }
+        };
+        if let Some(keys) = self.keys.remove(&id) {
+            self.batcher.finished(&keys);
+        }
+        self.start();
+    }
+
+    /// Applies every message waiting and waits for every transaction.
+    async fn finish(mut self) {
+        while let Some(joined) = self.running.join_next_with_id().await {
+            self.finished(joined);
+        }
+        debug_assert!(self.batcher.is_idle());
     }
 }
 
@@ -449,11 +487,11 @@ impl Rules {
         self.judge(&id, outcome)
     }
 
-    /// Applies the messages of one lane (numbered as `spans`) in one inbox transaction (their
+    /// Applies a batch's messages (numbered as `spans`) in one inbox transaction (their
     /// changes in a statement per run of one kind, see `invoices::apply`), and returns each
     /// one's verdict. A message whose effect fails is taken out: the ones before it
     /// are applied together, then it is judged on its own, then the ones after it go on
-    /// together, so the lane's order holds and it never fails its batch-mates.
+    /// together, so each order's order holds and it never fails its batch-mates.
     async fn apply_all(
         &self,
         batch: Vec<(usize, Applicable)>,

@@ -8,12 +8,14 @@
 //! - [`config`]: settings from the environment;
 //! - [`startup`]: [`App`]: connections, migrations, the router, the consumer, graceful shutdown;
 //! - [`consumer`]: the consumer loop and the rules for each message;
+//! - [`batcher`]: which messages go into the consumer's next transaction;
 //! - [`invoices`]: the `/invoices` resource, its SQL, and how events change invoices;
 //! - [`quarantine`]: dead-letters the messages the NATS client cannot read (bytes that are not
 //!   UTF-8 in a subject or header), found through the stream's API;
 //! - `failpoints`: crash on purpose at chosen points, for the crash tests (inert unless set);
 //! - [`inbox_api`]: `/inbox/stats`, the dead letters and their admin actions, `/ops`.
 
+pub mod batcher;
 pub mod config;
 pub mod consumer;
 pub mod failpoints;

@@ -1,5 +1,5 @@
 //! Billing's drain: `OrderPlaced` messages already on the stream, applied by one
-//! billing-service with its default settings (a lane's messages in one transaction), and the
+//! billing-service with its default settings (the messages waiting in one transaction), and the
 //! same with `CONSUMER_APPLY_BATCH=1` (a transaction per message).
 
 use std::time::Duration;

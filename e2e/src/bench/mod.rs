@@ -6,7 +6,7 @@
 //!   notification); also our order transaction through sqlx, for comparison;
 //! - [`drain`]: pre-filled pending outbox rows drained by 1 relay (rows kept, then rows
 //!   deleted as published) and by 4 relays;
-//! - [`billing`]: pre-published messages applied by billing, a lane's messages per
+//! - [`billing`]: pre-published messages applied by billing, the messages waiting per
 //!   transaction (the default) and a transaction per message;
 //! - [`http`]: `POST /orders` at maximum rate, and a steady rate through both services with
 //!   order-commit → invoice-commit latency from the databases' own timestamps and peak RSS,
@@ -117,7 +117,7 @@ pub struct Results {
     pub plain_tx_per_sec: f64,
     /// The order transaction of orders-service directly through sqlx, per second.
     pub order_tx_per_sec: f64,
-    /// Billing applying pre-published messages, a lane's per transaction, invoices per second.
+    /// Billing applying pre-published messages, its defaults, invoices per second.
     pub billing_drain_per_sec: f64,
     /// The same with a transaction per message.
     pub billing_drain_single_per_sec: f64,
@@ -361,7 +361,7 @@ async fn relay_drains(events: i64) -> anyhow::Result<Vec<f64>> {
     Ok(drains)
 }
 
-/// Billing's drains: the default (a lane's messages per transaction), then a transaction per
+/// Billing's drains: the default (the messages waiting per transaction), then a transaction per
 /// message.
 async fn billing_drains(messages: usize) -> anyhow::Result<Vec<f64>> {
     let mut billing_drains = Vec::new();
@@ -372,7 +372,7 @@ async fn billing_drains(messages: usize) -> anyhow::Result<Vec<f64>> {
             if apply_batch.is_some() {
                 "a transaction per message (CONSUMER_APPLY_BATCH=1)"
             } else {
-                "a lane's messages per transaction (default)"
+                "the messages waiting per transaction (default)"
             }
         ));
         let rate = billing::drain(messages, apply_batch).await?;
