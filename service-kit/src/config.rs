@@ -84,7 +84,8 @@ pub fn ensure(name: &'static str, check: bool, reason: &str) -> Result<(), Confi
 pub struct Common {
     /// `DATABASE_URL`: the service's database; created at start-up if missing.
     pub database_url: String,
-    /// `DATABASE_MAX_CONNECTIONS`: pool size.
+    /// `DATABASE_MAX_CONNECTIONS`: pool size, shared by request handlers and the background
+    /// tasks (orders' relay holds up to three passes and its listener).
     pub database_max_connections: u32,
     /// `DATABASE_MIGRATE`: apply migrations at start-up (`true`), or only check they were
     /// applied (`false`, for a role that may not change the schema).
@@ -163,7 +164,7 @@ impl Common {
     pub fn from_env(database: &str, listen_addr: &str) -> Result<Self, ConfigError> {
         let common = Self {
             database_url: string("DATABASE_URL", database),
-            database_max_connections: parse("DATABASE_MAX_CONNECTIONS", 10)?,
+            database_max_connections: parse("DATABASE_MAX_CONNECTIONS", 20)?,
             database_migrate: parse("DATABASE_MIGRATE", true)?,
             nats_url: string("NATS_URL", "nats://127.0.0.1:4222"),
             nats_creds_file: optional("NATS_CREDS_FILE"),
