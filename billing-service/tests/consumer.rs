@@ -286,30 +286,24 @@ async fn one_orders_messages_apply_in_their_order_while_transactions_run_side_by
         config.consumer.max_retries = 1;
     })
     .await;
-    let orders: Vec<String> = (0..ORDERS).map(|i| format!("o{i}")).collect();
-    let ids: Vec<(String, String)> = (0..ORDERS)
-        .map(|i| (format!("placed-{i}"), format!("paid-{i}")))
-        .collect();
     // Each order's payment right behind its placement, the orders interleaved in pairs.
     let mut messages = Vec::new();
     for pair in (0..ORDERS).collect::<Vec<_>>().chunks(2) {
-        for &i in pair {
-            messages.push((
-                ids[i].0.as_str(),
-                "OrderPlaced",
-                orders[i].as_str(),
-                placed(&orders[i], 100).into(),
-            ));
-        }
-        for &i in pair {
-            messages.push((
-                ids[i].1.as_str(),
-                "OrderPaid",
-                orders[i].as_str(),
-                placed(&orders[i], 100).into(),
-            ));
+        for (event_type, id) in [("OrderPlaced", "placed"), ("OrderPaid", "paid")] {
+            for &i in pair {
+                let order = format!("o{i}");
+                messages.push((format!("{id}-{i}"), event_type, placed(&order, 100), order));
+            }
         }
     }
+    let messages = messages.iter().map(|(id, event_type, body, order)| {
+        (
+            id.as_str(),
+            *event_type,
+            order.as_str(),
+            body.clone().into(),
+        )
+    });
     app.publish_all(messages).await;
 
     let stats = eventually("every message settled", WAIT, || async {
