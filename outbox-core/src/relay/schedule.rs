@@ -108,6 +108,7 @@ impl<'r, P: Publisher> Scheduler<'r, P> {
         self.unrecorded.extend(published);
         let mut failed = recorded.is_err();
         let mut held_back = false;
+        let nothing_to_publish = matches!(next, Ok(Next::Nothing { .. }));
         match next {
             Ok(Next::Backlog(claim)) => {
                 self.claimed = Some(claim);
@@ -135,9 +136,11 @@ impl<'r, P: Publisher> Scheduler<'r, P> {
         if self.in_flight() {
             return Round::Busy;
         }
-        // Nothing to publish and no pass holding rows: during an outage, only asking
-        // tells whether the broker is back.
-        if relay.outage.load(Ordering::Relaxed) > 0
+        // The claim found nothing to publish and no pass holds rows: during an outage, only
+        // asking tells whether the broker is back. While events wait, their publishes tell
+        // (a broker that answers but refuses them, e.g. without the stream, stays unreachable).
+        if nothing_to_publish
+            && relay.outage.load(Ordering::Relaxed) > 0
             && relay.publisher.reachable().await == Some(true)
         {
             relay.note_reachability(true, false);
