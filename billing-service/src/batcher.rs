@@ -3,9 +3,9 @@
 //! A transaction's cost is mostly its own (its round trips and its commit), not its messages',
 //! so the consumer runs as few as keep up: while one runs, the messages that arrive wait, and
 //! the next takes all of them (up to `CONSUMER_APPLY_BATCH`). Batches thus grow with the load.
-//! Another transaction starts beside the running ones only when a full batch waits, which is
-//! when one at a time no longer keeps up (a database across a network, a backlog), up to
-//! `CONSUMER_CONCURRENCY` at once. One order's messages are never in two transactions at once,
+//! Another transaction starts beside the running ones only when a full batch can be taken
+//! (messages of an order that is running do not count), which is when one at a time no longer
+//! keeps up (a database across a network, a backlog), up to `CONSUMER_CONCURRENCY` at once. One order's messages are never in two transactions at once,
 //! and are taken in the order they arrived, so they apply in that order.
 
 use std::collections::{HashSet, VecDeque};
@@ -67,12 +67,14 @@ impl<M> Batcher<M> {
         self.waiting.push_back((key, message));
     }
 
-    /// The batch to start now, if one may start: when nothing runs, or a full batch waits and
-    /// fewer than `max_running` run. It takes the waiting messages in order, passing over those
-    /// whose key is busy and every later one with that key.
+    /// The batch to start now, if one may start: when nothing runs, or a full batch can be
+    /// taken and fewer than `max_running` run. It takes the waiting messages in order, passing
+    /// over those whose key is busy and every later one with that key.
     pub fn start(&mut self) -> Option<Batch<M>> {
         let may_start = self.running == 0
-            || (self.running < self.max_running && self.waiting.len() >= self.max_batch);
+            || (self.running < self.max_running
+                && self.waiting.len() >= self.max_batch
+                && self.takeable() >= self.max_batch);
         if !may_start {
             return None;
         }
@@ -105,6 +107,24 @@ impl<M> Batcher<M> {
         self.busy.extend(batch.keys.iter().copied());
         self.running += 1;
         Some(batch)
+    }
+
+    /// How many waiting messages a batch could take now, counted up to a full batch: messages
+    /// of a busy key wait however many there are.
+    fn takeable(&self) -> usize {
+        let mut passed_over = HashSet::new();
+        let mut takeable = 0;
+        for (key, _) in &self.waiting {
+            if self.busy.contains(key) || passed_over.contains(key) {
+                passed_over.insert(*key);
+            } else {
+                takeable += 1;
+                if takeable == self.max_batch {
+                    break;
+                }
+            }
+        }
+        takeable
     }
 
     /// Releases the keys of a batch [`Batcher::start`] gave, whose transaction is over.
@@ -175,6 +195,21 @@ mod tests {
         assert_eq!(third.messages, [2, 4]);
         batcher.finished(&third.keys);
         assert!(batcher.is_idle());
+    }
+
+    #[test]
+    fn messages_of_a_running_order_do_not_count_toward_a_full_batch() {
+        let mut batcher = batcher(3, 4, &[7]);
+        let first = batcher.start().unwrap();
+        for (key, message) in [(7, 1), (7, 2), (7, 3), (8, 4)] {
+            batcher.push(key, message);
+        }
+        // Four wait, but three of them are key 7's, which runs: one could be taken.
+        assert!(batcher.start().is_none());
+        batcher.push(9, 5);
+        batcher.push(10, 6);
+        assert_eq!(batcher.start().unwrap().messages, [4, 5, 6]);
+        batcher.finished(&first.keys);
     }
 
     #[test]

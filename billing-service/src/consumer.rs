@@ -341,7 +341,9 @@ impl Work {
         let id = match joined {
             Ok((id, ())) => id,
             Err(error) => {
-                // Its messages stay unacknowledged, so the broker delivers them again.
+                // The messages it had not settled stay unacknowledged and come back after the
+                // ack wait; a later message of their order may go first (a payment before its
+                // placement is then not applicable yet, and retried).
                 tracing::error!(error = %error, "message handler failed");
                 error.id()
             }
