@@ -12,7 +12,6 @@ use service_kit::admin::{AdminSecurity, AdminToken};
 use service_kit::http::{self, BackgroundTask, Health};
 use service_kit::infra;
 use service_kit::metrics::Cached;
-use service_kit::reuse::Connections;
 use service_kit::startup::Base;
 use sqlx::PgPool;
 use sqlx::migrate::Migrator;
@@ -26,8 +25,6 @@ use crate::{Config, orders, outbox_api};
 pub struct AppState {
     /// The orders database (orders and outbox).
     pub pool: PgPool,
-    /// The `/orders` requests' connections, of `pool`, handed from one request to the next.
-    pub connections: Connections,
     /// Told after every commit that enqueued events.
     pub wakeup: Wakeup,
     /// What readiness checks.
@@ -110,7 +107,6 @@ impl App {
         });
         let router = router(
             AppState {
-                connections: Connections::for_requests(pool.clone()),
                 pool: pool.clone(),
                 wakeup,
                 health: base.health(),

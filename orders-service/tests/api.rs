@@ -136,7 +136,7 @@ async fn failure_before_commit_leaves_neither_order_nor_event() {
     };
     assert!(
         orders::place(
-            &mut app.pool.acquire().await.unwrap(),
+            &app.pool,
             &outbox_core::Wakeup::in_process(),
             order.validate().unwrap(),
             None

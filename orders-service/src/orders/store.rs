@@ -1,7 +1,7 @@
 //! Every SQL statement on the orders table.
 
 use outbox_core::NewEvent;
-use sqlx::PgConnection;
+use sqlx::{PgConnection, PgPool};
 
 use super::{Order, OrderStatus, ValidOrder};
 use service_kit::pagination::Cursor;
@@ -9,7 +9,7 @@ use service_kit::pagination::Cursor;
 /// Inserts the order and enqueues `event` in one statement; `None` (and no event) when an
 /// order with this id exists.
 pub(super) async fn insert_placed(
-    conn: &mut PgConnection,
+    pool: &PgPool,
     new: &ValidOrder,
     event: &NewEvent,
 ) -> sqlx::Result<Option<Order>> {
@@ -39,12 +39,12 @@ pub(super) async fn insert_placed(
         event.payload(),
         event.traceparent(),
     )
-    .fetch_optional(conn)
+    .fetch_optional(pool)
     .await
 }
 
 /// Reads one order.
-pub(super) async fn find(conn: &mut PgConnection, id: &str) -> sqlx::Result<Option<Order>> {
+pub(super) async fn find(pool: &PgPool, id: &str) -> sqlx::Result<Option<Order>> {
     sqlx::query_as!(
         Order,
         r#"
@@ -53,13 +53,13 @@ pub(super) async fn find(conn: &mut PgConnection, id: &str) -> sqlx::Result<Opti
         "#,
         id,
     )
-    .fetch_optional(conn)
+    .fetch_optional(pool)
     .await
 }
 
 /// Reads up to `limit` orders older than `after`, newest first.
 pub(super) async fn list(
-    conn: &mut PgConnection,
+    pool: &PgPool,
     after: Option<Cursor>,
     limit: i64,
 ) -> sqlx::Result<Vec<Order>> {
@@ -77,7 +77,7 @@ pub(super) async fn list(
         after_id,
         limit,
     )
-    .fetch_all(conn)
+    .fetch_all(pool)
     .await
 }
 
