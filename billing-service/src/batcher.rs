@@ -5,8 +5,9 @@
 //! the next takes all of them (up to `CONSUMER_APPLY_BATCH`). Batches thus grow with the load.
 //! Another transaction starts beside the running ones only when a full batch can be taken
 //! (messages of an order that is running do not count), which is when one at a time no longer
-//! keeps up (a database across a network, a backlog), up to `CONSUMER_CONCURRENCY` at once. One order's messages are never in two transactions at once,
-//! and are taken in the order they arrived, so they apply in that order.
+//! keeps up (a database across a network, a backlog), up to `CONSUMER_CONCURRENCY` at once.
+//! One order's messages are never in two transactions at once, and are taken in the order
+//! they arrived, so they apply in that order.
 
 use std::collections::{HashSet, VecDeque};
 
@@ -69,33 +70,26 @@ impl<M> Batcher<M> {
 
     /// The batch to start now, if one may start: when nothing runs, or a full batch can be
     /// taken and fewer than `max_running` run. It takes the waiting messages in order, passing
-    /// over those whose key is busy and every later one with that key.
+    /// over those whose key is busy (all of that key's: they wait in their order).
     pub fn start(&mut self) -> Option<Batch<M>> {
         let may_start = self.running == 0
             || (self.running < self.max_running
                 && self.waiting.len() >= self.max_batch
-                && self.takeable() >= self.max_batch);
+                && self.takeable().nth(self.max_batch - 1).is_some());
         if !may_start {
             return None;
         }
-        let mut passed_over = HashSet::new();
-        let mut kept = VecDeque::with_capacity(self.waiting.len());
         let mut batch = Batch {
             messages: Vec::new(),
             keys: Vec::new(),
         };
-        while let Some((key, message)) = self.waiting.pop_front() {
-            if batch.messages.len() == self.max_batch {
-                kept.push_back((key, message));
-                kept.append(&mut self.waiting);
-                break;
-            }
-            if self.busy.contains(&key) || passed_over.contains(&key) {
-                passed_over.insert(key);
-                kept.push_back((key, message));
-            } else {
+        let mut kept = VecDeque::with_capacity(self.waiting.len());
+        for (key, message) in std::mem::take(&mut self.waiting) {
+            if batch.messages.len() < self.max_batch && !self.busy.contains(&key) {
                 batch.keys.push(key);
                 batch.messages.push(message);
+            } else {
+                kept.push_back((key, message));
             }
         }
         self.waiting = kept;
@@ -109,22 +103,12 @@ impl<M> Batcher<M> {
         Some(batch)
     }
 
-    /// How many waiting messages a batch could take now, counted up to a full batch: messages
-    /// of a busy key wait however many there are.
-    fn takeable(&self) -> usize {
-        let mut passed_over = HashSet::new();
-        let mut takeable = 0;
-        for (key, _) in &self.waiting {
-            if self.busy.contains(key) || passed_over.contains(key) {
-                passed_over.insert(*key);
-            } else {
-                takeable += 1;
-                if takeable == self.max_batch {
-                    break;
-                }
-            }
-        }
-        takeable
+    /// The waiting messages a batch could take now, in order: those whose key is not busy.
+    fn takeable(&self) -> impl Iterator<Item = &M> {
+        self.waiting
+            .iter()
+            .filter(|(key, _)| !self.busy.contains(key))
+            .map(|(_, message)| message)
     }
 
     /// Releases the keys of a batch [`Batcher::start`] gave, whose transaction is over.
