@@ -218,7 +218,7 @@ async fn twenty_orders(config: &orders_service::Config) -> sqlx::PgPool {
             total_minor: i * 1000,
         };
         orders::place(
-            &pool,
+            &mut pool.acquire().await.unwrap(),
             &outbox_core::Wakeup::in_process(),
             order.validate().unwrap(),
             None,

@@ -12,6 +12,7 @@ use service_kit::admin::{AdminSecurity, AdminToken};
 use service_kit::http::{self, BackgroundTask, Health};
 use service_kit::infra;
 use service_kit::metrics::Cached;
+use service_kit::reuse::Connections;
 use service_kit::startup::Base;
 use sqlx::PgPool;
 use sqlx::migrate::Migrator;
@@ -25,6 +26,8 @@ use crate::{Config, orders, outbox_api};
 pub struct AppState {
     /// The orders database (orders and outbox).
     pub pool: PgPool,
+    /// The `/orders` requests' connections, of `pool`, handed from one request to the next.
+    pub connections: Connections,
     /// Told after every commit that enqueued events.
     pub wakeup: Wakeup,
     /// What readiness checks.
@@ -73,6 +76,9 @@ pub async fn migrate(pool: &PgPool) -> anyhow::Result<()> {
     infra::prepare_schema(pool, true, migrations()).await
 }
 
+/// The relay's own connections: its three overlapping passes and its listener.
+pub const RELAY_CONNECTIONS: u32 = 4;
+
 /// A built service, listening but not yet serving.
 #[derive(Debug)]
 pub struct App {
@@ -97,16 +103,25 @@ impl App {
         } else {
             Wakeup::across_processes(pool.clone())
         };
-        let relay = config.relay_enabled.then(|| {
-            Relay::new(
-                pool.clone(),
-                JetStreamPublisher::new(jetstream).with_timeout(config.publish_timeout),
-                config.relay.clone(),
+        // The relay's connections are its own, all open: it never waits for requests to give
+        // one back, nor for one to be made.
+        let relay = if config.relay_enabled {
+            let relay_pool =
+                infra::connect_db_open(&config.common.database_url, RELAY_CONNECTIONS).await?;
+            Some(
+                Relay::new(
+                    relay_pool,
+                    JetStreamPublisher::new(jetstream).with_timeout(config.publish_timeout),
+                    config.relay.clone(),
+                )
+                .with_wakeup(&wakeup),
             )
-            .with_wakeup(&wakeup)
-        });
+        } else {
+            None
+        };
         let router = router(
             AppState {
+                connections: Connections::for_requests(pool.clone()),
                 pool: pool.clone(),
                 wakeup,
                 health: base.health(),

@@ -136,7 +136,7 @@ async fn failure_before_commit_leaves_neither_order_nor_event() {
     };
     assert!(
         orders::place(
-            &app.pool,
+            &mut app.pool.acquire().await.unwrap(),
             &outbox_core::Wakeup::in_process(),
             order.validate().unwrap(),
             None
@@ -488,5 +488,39 @@ async fn overload_is_answered_503_at_once_not_queued() {
     problem(stuck.await.unwrap().unwrap(), 503, None).await;
     lock.rollback().await.unwrap();
     assert_eq!(app.get("/healthz").await.status(), StatusCode::OK);
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn the_relay_publishes_while_requests_hold_every_connection_of_the_pool() {
+    let app = TestApp::spawn_with(|config| config.common.database_max_connections = 2).await;
+    let held = [
+        app.pool.acquire().await.unwrap(),
+        app.pool.acquire().await.unwrap(),
+    ];
+    // An event committed by another process, relayed by the poll.
+    let other = PgPool::connect(&testing::database_url(&app.database))
+        .await
+        .unwrap();
+    let mut tx = other.begin().await.unwrap();
+    let event = outbox_core::NewEvent::new("order", "o1", "OrderPlaced", &json!({})).unwrap();
+    let id = outbox_core::enqueue(&mut tx, &event).await.unwrap();
+    tx.commit().await.unwrap();
+
+    testing::eventually(
+        "the event published",
+        std::time::Duration::from_secs(20),
+        || async {
+            let status: String = sqlx::query_scalar("SELECT status FROM outbox WHERE id = $1")
+                .bind(id)
+                .fetch_one(&other)
+                .await
+                .unwrap();
+            (status == "published").then_some(())
+        },
+    )
+    .await;
+    drop(held);
+    other.close().await;
     app.stop().await;
 }

@@ -10,13 +10,26 @@ use sqlx::{ConnectOptions as _, PgPool};
 /// Idle time after which a pooled connection is pinged before it is handed out.
 const PING_IDLE_AFTER: Duration = Duration::from_secs(1);
 
-/// Connects to `url`, creating its database first if it does not exist.
+/// Connects to `url`, creating its database first if it does not exist: a pool that opens
+/// connections as they are asked for, up to `max_connections`.
 pub async fn connect_db(url: &str, max_connections: u32) -> anyhow::Result<PgPool> {
-    let options: PgConnectOptions = url
-        .parse()
-        .context("DATABASE_URL is not a valid PostgreSQL URL")?;
-    let pool = PgPoolOptions::new()
-        .max_connections(max_connections)
+    connect(url, pool_options().max_connections(max_connections)).await
+}
+
+/// [`connect_db`] for background work that must never wait for a connection to be made: all
+/// `connections` are opened now, and one that ages out is replaced in the background. Making
+/// one takes sqlx about 90 ms over TLS, even to a local server (docs/performance.md), time a
+/// relay would otherwise spend not publishing.
+pub async fn connect_db_open(url: &str, connections: u32) -> anyhow::Result<PgPool> {
+    let options = pool_options()
+        .max_connections(connections)
+        .min_connections(connections);
+    connect(url, options).await
+}
+
+/// The pool settings every pool of the services shares.
+fn pool_options() -> PgPoolOptions {
+    PgPoolOptions::new()
         .acquire_timeout(Duration::from_secs(5))
         // sqlx pings every connection it hands out, a round trip per transaction (a fifth of
         // an order's). A connection used moments ago is alive; one idle for longer may have
@@ -29,7 +42,14 @@ pub async fn connect_db(url: &str, max_connections: u32) -> anyhow::Result<PgPoo
                 }
                 Ok(true)
             })
-        });
+        })
+}
+
+/// Connects `pool` to `url`, creating its database first if it does not exist.
+async fn connect(url: &str, pool: PgPoolOptions) -> anyhow::Result<PgPool> {
+    let options: PgConnectOptions = url
+        .parse()
+        .context("DATABASE_URL is not a valid PostgreSQL URL")?;
     // Connect first: a least-privileged role may not look at other databases, and only a
     // database that does not exist needs the server's `postgres` database.
     match pool.clone().connect_with(options.clone()).await {

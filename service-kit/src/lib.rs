@@ -11,6 +11,7 @@
 //! - [`metrics`]: the Prometheus recorder and per-route HTTP metrics;
 //! - [`ops`]: the `/ops` page (live counts, dead letters with their admin actions);
 //! - [`pagination`]: opaque cursors for newest-first lists;
+//! - [`reuse`]: connections handed from one request to the next, around sqlx's check on return;
 //! - [`startup`]: what every service connects and binds at start-up, and serving until stopped;
 //! - `testing` (feature `testing`): unique names and bounded waits for tests.
 
@@ -23,6 +24,7 @@ pub mod metrics;
 pub mod ops;
 pub mod pagination;
 pub mod problem;
+pub mod reuse;
 pub mod startup;
 pub mod telemetry;
 #[cfg(feature = "testing")]

@@ -85,6 +85,7 @@ pub(crate) async fn publish_all(
 pub async fn plain_transaction(clients: usize, length: Duration) -> anyhow::Result<f64> {
     with_orders_database(
         clients,
+        |pool| pool,
         |pool| async move {
             let mut tx = pool.begin().await?;
             let id = uuid::Uuid::now_v7();
@@ -111,13 +112,14 @@ pub async fn plain_transaction(clients: usize, length: Duration) -> anyhow::Resu
     .await
 }
 
-/// The transaction of `POST /orders` as orders-service runs it (the order row, then its event
-/// through `outbox_core::enqueue`, with its per-aggregate advisory lock), with the clients, pool
+/// The transaction of `POST /orders` as orders-service runs it (the order row and its event in
+/// one statement, on a connection handed from one order to the next), with the clients, pool
 /// and length of [`plain_transaction`].
 pub async fn order_transaction(clients: usize, length: Duration) -> anyhow::Result<f64> {
     with_orders_database(
         clients,
-        |pool| async move {
+        |pool| service_kit::reuse::Connections::new(pool, clients as u32),
+        |connections| async move {
             let wakeup = outbox_core::Wakeup::in_process();
             let order = orders_service::orders::NewOrder {
                 id: None,
@@ -126,9 +128,11 @@ pub async fn order_transaction(clients: usize, length: Duration) -> anyhow::Resu
             }
             .validate()
             .map_err(|e| anyhow::anyhow!("{e:?}"))?;
-            orders_service::orders::place(&pool, &wakeup, order, None)
+            let mut conn = connections.acquire().await?;
+            orders_service::orders::place(&mut conn, &wakeup, order, None)
                 .await
                 .map_err(|e| anyhow::anyhow!("{e:?}"))?;
+            conn.hand_back();
             Ok(())
         },
         length,
@@ -136,31 +140,34 @@ pub async fn order_transaction(clients: usize, length: Duration) -> anyhow::Resu
     .await
 }
 
-/// Runs `transaction` from `clients` tasks on a pool of as many connections to a fresh orders
-/// database for `length`; returns transactions per second.
-async fn with_orders_database<F, Fut>(
+/// Runs `transaction` from `clients` tasks for `length`, each given what `connect` makes of a
+/// pool of as many connections to a fresh orders database; returns transactions per second.
+async fn with_orders_database<C, F, Fut>(
     clients: usize,
+    connect: impl FnOnce(sqlx::PgPool) -> C,
     transaction: F,
     length: Duration,
 ) -> anyhow::Result<f64>
 where
-    F: Fn(sqlx::PgPool) -> Fut + Clone + Send + 'static,
+    C: Clone + Send + 'static,
+    F: Fn(C) -> Fut + Clone + Send + 'static,
     Fut: std::future::Future<Output = anyhow::Result<()>> + Send,
 {
     let database = testing::unique("bench_tx");
     let pool =
         service_kit::infra::connect_db(&testing::database_url(&database), clients as u32).await?;
     orders_service::startup::migrate(&pool).await?;
+    let connections = connect(pool.clone());
 
     let start = Instant::now();
     let deadline = start + length;
     let tasks: Vec<_> = (0..clients)
         .map(|_| {
-            let (pool, transaction) = (pool.clone(), transaction.clone());
+            let (connections, transaction) = (connections.clone(), transaction.clone());
             tokio::spawn(async move {
                 let mut done = 0_u64;
                 while Instant::now() < deadline {
-                    transaction(pool.clone()).await?;
+                    transaction(connections.clone()).await?;
                     done += 1;
                 }
                 anyhow::Ok(done)
@@ -172,6 +179,7 @@ where
         done += task.await??;
     }
     let rate = done as f64 / start.elapsed().as_secs_f64();
+    drop(connections);
     pool.close().await;
     testing::drop_database(&database).await;
     Ok(rate)

@@ -12,7 +12,7 @@ use service_kit::http::TraceParent;
 use service_kit::pagination::{self, Cursor, Page, PageParams};
 use service_kit::problem::Problem;
 use service_kit::{ApiError, Json, Path, Query};
-use sqlx::PgPool;
+use sqlx::{Connection as _, PgConnection};
 use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
@@ -210,20 +210,20 @@ pub struct Placed {
 /// trip), then wakes the relays through `wakeup`. Repeating an identical request returns the
 /// stored order; the same id with another body is a conflict.
 pub async fn place(
-    pool: &PgPool,
+    conn: &mut PgConnection,
     wakeup: &Wakeup,
     new: ValidOrder,
     traceparent: Option<String>,
 ) -> Result<Placed, ApiError> {
     let event = new.placed_event(traceparent)?;
-    if let Some(order) = store::insert_placed(pool, &new, &event).await? {
+    if let Some(order) = store::insert_placed(&mut *conn, &new, &event).await? {
         wakeup.committed();
         return Ok(Placed {
             order,
             created: true,
         });
     }
-    let existing = store::find(pool, &new.id)
+    let existing = store::find(conn, &new.id)
         .await?
         .ok_or_else(|| ApiError::conflict("the order id was taken and released; retry"))?;
     if existing.customer == new.customer && existing.total_minor == new.total_minor {
@@ -242,7 +242,7 @@ pub async fn place(
 /// Moves an order from `from` to `to` and enqueues `event_type`, in one transaction, then wakes
 /// the relays through `wakeup`.
 pub async fn transition(
-    pool: &PgPool,
+    conn: &mut PgConnection,
     wakeup: &Wakeup,
     id: &str,
     from: OrderStatus,
@@ -250,10 +250,10 @@ pub async fn transition(
     event_type: &str,
     traceparent: Option<String>,
 ) -> Result<Order, ApiError> {
-    let mut tx = pool.begin().await?;
+    let mut tx = conn.begin().await?;
     let Some(order) = store::set_status(&mut tx, id, from, to).await? else {
         tx.rollback().await?;
-        return Err(match store::find(pool, id).await? {
+        return Err(match store::find(conn, id).await? {
             None => ApiError::not_found(format!("no order {id}")),
             Some(order) => ApiError::conflict(format!(
                 "order {id} is {:?}; it must be {:?} for this action",
@@ -292,7 +292,10 @@ async fn place_order(
     TraceParent(traceparent): TraceParent,
     Json(new): Json<NewOrder>,
 ) -> Result<Response, ApiError> {
-    let placed = place(&state.pool, &state.wakeup, new.validate()?, traceparent).await?;
+    let new = new.validate()?;
+    let mut conn = state.connections.acquire().await?;
+    let placed = place(&mut conn, &state.wakeup, new, traceparent).await?;
+    conn.hand_back();
     if !placed.created {
         return Ok(Json(placed.order).into_response());
     }
@@ -318,7 +321,9 @@ async fn list_orders(
 ) -> Result<Json<Page<Order>>, ApiError> {
     let limit = pagination::limit(params.limit)?;
     let after = params.cursor.as_deref().map(Cursor::decode).transpose()?;
-    let rows = store::list(&state.pool, after, limit + 1).await?;
+    let mut conn = state.connections.acquire().await?;
+    let rows = store::list(&mut conn, after, limit + 1).await?;
+    conn.hand_back();
     Ok(Json(Page::of(rows, limit, |o| {
         Cursor {
             t: o.created_at,
@@ -340,8 +345,10 @@ async fn get_order(
     State(state): State<AppState>,
     Path(id): Path<String>,
 ) -> Result<Json<Order>, ApiError> {
-    store::find(&state.pool, &id)
-        .await?
+    let mut conn = state.connections.acquire().await?;
+    let order = store::find(&mut conn, &id).await?;
+    conn.hand_back();
+    order
         .map(Json)
         .ok_or_else(|| ApiError::not_found(format!("no order {id}")))
 }
@@ -361,8 +368,9 @@ async fn pay_order(
     TraceParent(traceparent): TraceParent,
     Path(id): Path<String>,
 ) -> Result<Json<Order>, ApiError> {
+    let mut conn = state.connections.acquire().await?;
     let order = transition(
-        &state.pool,
+        &mut conn,
         &state.wakeup,
         &id,
         OrderStatus::Placed,
@@ -371,6 +379,7 @@ async fn pay_order(
         traceparent,
     )
     .await?;
+    conn.hand_back();
     Ok(Json(order))
 }
 
@@ -389,8 +398,9 @@ async fn ship_order(
     TraceParent(traceparent): TraceParent,
     Path(id): Path<String>,
 ) -> Result<Json<Order>, ApiError> {
+    let mut conn = state.connections.acquire().await?;
     let order = transition(
-        &state.pool,
+        &mut conn,
         &state.wakeup,
         &id,
         OrderStatus::Paid,
@@ -399,6 +409,7 @@ async fn ship_order(
         traceparent,
     )
     .await?;
+    conn.hand_back();
     Ok(Json(order))
 }
 

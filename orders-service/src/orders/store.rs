@@ -1,7 +1,7 @@
 //! Every SQL statement on the orders table.
 
 use outbox_core::NewEvent;
-use sqlx::{PgConnection, PgPool};
+use sqlx::PgConnection;
 
 use super::{Order, OrderStatus, ValidOrder};
 use service_kit::pagination::Cursor;
@@ -9,7 +9,7 @@ use service_kit::pagination::Cursor;
 /// Inserts the order and enqueues `event` in one statement; `None` (and no event) when an
 /// order with this id exists.
 pub(super) async fn insert_placed(
-    pool: &PgPool,
+    conn: &mut PgConnection,
     new: &ValidOrder,
     event: &NewEvent,
 ) -> sqlx::Result<Option<Order>> {
@@ -39,12 +39,12 @@ pub(super) async fn insert_placed(
         event.payload(),
         event.traceparent(),
     )
-    .fetch_optional(pool)
+    .fetch_optional(conn)
     .await
 }
 
 /// Reads one order.
-pub(super) async fn find(pool: &PgPool, id: &str) -> sqlx::Result<Option<Order>> {
+pub(super) async fn find(conn: &mut PgConnection, id: &str) -> sqlx::Result<Option<Order>> {
     sqlx::query_as!(
         Order,
         r#"
@@ -53,13 +53,13 @@ pub(super) async fn find(pool: &PgPool, id: &str) -> sqlx::Result<Option<Order>>
         "#,
         id,
     )
-    .fetch_optional(pool)
+    .fetch_optional(conn)
     .await
 }
 
 /// Reads up to `limit` orders older than `after`, newest first.
 pub(super) async fn list(
-    pool: &PgPool,
+    conn: &mut PgConnection,
     after: Option<Cursor>,
     limit: i64,
 ) -> sqlx::Result<Vec<Order>> {
@@ -77,7 +77,7 @@ pub(super) async fn list(
         after_id,
         limit,
     )
-    .fetch_all(pool)
+    .fetch_all(conn)
     .await
 }
 
