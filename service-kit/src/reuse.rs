@@ -312,37 +312,43 @@ mod tests {
         eventually_idle(&pool, 2).await;
     }
 
-    #[sqlx::test]
-    async fn a_connection_lent_for_long_goes_back_to_the_pool(pool: PgPool) {
-        let pool = pool_of(&pool, 2).await;
+    /// A pool of two and its requests' connections, sharing both.
+    async fn two(pool: &PgPool) -> (PgPool, Connections) {
+        let pool = pool_of(pool, 2).await;
         let connections = Connections::new(pool.clone(), 2);
-        let mut conn = connections.acquire().await.unwrap();
-        conn.lent_at -= LEND_FOR;
-        conn.hand_back();
-        assert!(connections.inner.lock().is_empty());
-        eventually_idle(&pool, 2).await;
+        (pool, connections)
     }
 
-    #[sqlx::test]
-    async fn a_connection_with_a_rollback_to_send_goes_back_to_the_pool(pool: PgPool) {
-        let pool = pool_of(&pool, 2).await;
-        let connections = Connections::new(pool.clone(), 2);
-        let mut conn = connections.acquire().await.unwrap();
-        // As a transaction left by `?` leaves it: its rollback queued, not sent; the pool's
-        // check on return sends it.
-        drop(sqlx::Connection::begin(&mut *conn).await.unwrap());
+    /// Hands `conn` back and checks that it went back to the pool, not to the next request.
+    async fn handed_back_to_the_pool(conn: Reused, (pool, connections): (PgPool, Connections)) {
         conn.hand_back();
         assert!(connections.inner.lock().is_empty(), "not kept");
         eventually_idle(&pool, 2).await;
     }
 
     #[sqlx::test]
+    async fn a_connection_lent_for_long_goes_back_to_the_pool(pool: PgPool) {
+        let both = two(&pool).await;
+        let mut conn = both.1.acquire().await.unwrap();
+        conn.lent_at -= LEND_FOR;
+        handed_back_to_the_pool(conn, both).await;
+    }
+
+    #[sqlx::test]
+    async fn a_connection_with_a_rollback_to_send_goes_back_to_the_pool(pool: PgPool) {
+        let both = two(&pool).await;
+        let mut conn = both.1.acquire().await.unwrap();
+        // As a transaction left by `?` leaves it: its rollback queued, not sent; the pool's
+        // check on return sends it.
+        drop(sqlx::Connection::begin(&mut *conn).await.unwrap());
+        handed_back_to_the_pool(conn, both).await;
+    }
+
+    #[sqlx::test]
     async fn a_connection_in_a_transaction_goes_back_to_the_pool(pool: PgPool) {
-        let pool = pool_of(&pool, 2).await;
-        let connections = Connections::new(pool.clone(), 2);
-        let mut conn = connections.acquire().await.unwrap();
+        let both = two(&pool).await;
+        let mut conn = both.1.acquire().await.unwrap();
         std::mem::forget(sqlx::Connection::begin(&mut *conn).await.unwrap());
-        conn.hand_back();
-        assert!(connections.inner.lock().is_empty());
+        handed_back_to_the_pool(conn, both).await;
     }
 }
