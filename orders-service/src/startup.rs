@@ -103,8 +103,8 @@ impl App {
         } else {
             Wakeup::across_processes(pool.clone())
         };
-        // The relay's connections are its own, all open: it never waits for requests to give
-        // one back, nor for one to be made.
+        // The relay's connections are its own, all open: it does not wait for requests to give
+        // one back, nor for one to be made (only after losing one).
         let relay = if config.relay_enabled {
             let relay_pool =
                 infra::connect_db_open(&config.common.database_url, RELAY_CONNECTIONS).await?;

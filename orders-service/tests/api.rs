@@ -493,11 +493,16 @@ async fn overload_is_answered_503_at_once_not_queued() {
 
 #[tokio::test]
 async fn the_relay_publishes_while_requests_hold_every_connection_of_the_pool() {
+    // A small pool (the default is 20), so that the test can hold all of it.
     let app = TestApp::spawn_with(|config| config.common.database_max_connections = 2).await;
-    let held = [
-        app.pool.acquire().await.unwrap(),
-        app.pool.acquire().await.unwrap(),
-    ];
+    // Every connection the service's pool will give.
+    let mut held = Vec::new();
+    while let Ok(Ok(conn)) =
+        tokio::time::timeout(std::time::Duration::from_secs(1), app.pool.acquire()).await
+    {
+        held.push(conn);
+    }
+    assert!(!held.is_empty());
     // An event committed by another process, relayed by the poll.
     let other = PgPool::connect(&testing::database_url(&app.database))
         .await

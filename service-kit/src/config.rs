@@ -85,7 +85,7 @@ pub struct Common {
     /// `DATABASE_URL`: the service's database; created at start-up if missing.
     pub database_url: String,
     /// `DATABASE_MAX_CONNECTIONS`: pool size, shared by request handlers and the background
-    /// tasks (orders' relay holds up to three passes and its listener).
+    /// tasks beside them (orders' relay has a pool of its own besides).
     pub database_max_connections: u32,
     /// `DATABASE_MIGRATE`: apply migrations at start-up (`true`), or only check they were
     /// applied (`false`, for a role that may not change the schema).

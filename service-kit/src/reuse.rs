@@ -76,12 +76,16 @@ impl Connections {
         Self { inner }
     }
 
-    /// All of `pool`'s connections but [`BACKGROUND`] for requests.
+    /// All of `pool`'s connections but [`BACKGROUND`] for requests, handed from one to the
+    /// next; a pool of fewer than twice that is left as it is, shared by all, with no hand-over,
+    /// rather than let only one or two requests run at once.
     pub fn for_requests(pool: PgPool) -> Self {
-        let share = pool
-            .options()
-            .get_max_connections()
-            .saturating_sub(BACKGROUND);
+        let max = pool.options().get_max_connections();
+        let share = if max >= 2 * BACKGROUND {
+            max - BACKGROUND
+        } else {
+            0
+        };
         Self::new(pool, share)
     }
 
@@ -98,7 +102,7 @@ impl Connections {
             return Ok(Reused {
                 conn: Some(inner.pool.acquire().await?),
                 lent_at: Instant::now(),
-                _permit: None,
+                permit: None,
                 home: Weak::new(),
             });
         };
@@ -134,7 +138,7 @@ impl Connections {
         Ok(Reused {
             conn: Some(conn),
             lent_at,
-            _permit: Some(permit),
+            permit: Some(permit),
             home: Arc::downgrade(inner),
         })
     }
@@ -147,7 +151,7 @@ impl Inner {
     }
 }
 
-/// Every [`KEEP`], returns the connections kept that long to the pool; ends with the
+/// Every quarter of [`KEEP`], returns the connections kept that long to the pool; ends with the
 /// [`Connections`].
 async fn return_unused(inner: Weak<Inner>) {
     let mut ticks = tokio::time::interval(KEEP / 4);
@@ -163,32 +167,63 @@ async fn return_unused(inner: Weak<Inner>) {
     }
 }
 
-/// A connection of [`Connections`]: [`Reused::hand_back`] it once the request went well;
-/// dropped, it returns to the pool, which checks it.
+/// A connection of [`Connections`]: [`Reused::hand_back`] it once the request went well.
+/// Dropped, it returns to the pool, which checks it, and its place in the requests' share is
+/// given up only once it is back: a request cut off mid-statement (a timeout, a failure) does
+/// not let the next one take a connection of the pool's reserve while its own is still busy.
 #[derive(Debug)]
 pub struct Reused {
     conn: Option<PoolConnection<Postgres>>,
     lent_at: Instant,
-    _permit: Option<OwnedSemaphorePermit>,
+    permit: Option<OwnedSemaphorePermit>,
     home: Weak<Inner>,
 }
 
 impl Reused {
     /// Keeps the connection for the next request. A connection left in a transaction, or with
     /// a rollback still to send (a transaction dropped), or handed on for [`LEND_FOR`] already,
-    /// goes back to the pool instead, which checks it; so does one whose last statement did not
+    /// is dropped instead (see [`Reused`]); so must be one whose last statement did not
     /// complete, but that is for the caller to know: hand back only after a request went well.
     pub fn hand_back(mut self) {
-        let (Some(conn), Some(home)) = (self.conn.take(), self.home.upgrade()) else {
+        let Some(home) = self.home.upgrade() else {
             return;
         };
-        if conn.is_in_transaction() || conn.should_flush() || self.lent_at.elapsed() >= LEND_FOR {
+        let lent_at = self.lent_at;
+        let reusable = |conn: &mut PoolConnection<Postgres>| {
+            !(conn.is_in_transaction() || conn.should_flush() || lent_at.elapsed() >= LEND_FOR)
+        };
+        if let Some(conn) = self.conn.take_if(reusable) {
+            home.lock().push(Kept {
+                conn,
+                lent_at,
+                handed_back_at: Instant::now(),
+            });
+        }
+    }
+}
+
+impl Drop for Reused {
+    fn drop(&mut self) {
+        let Some(mut conn) = self.conn.take() else {
+            return;
+        };
+        if conn.is_in_transaction() {
+            // The pool's check is a ping, which would leave the transaction open for whoever
+            // takes the connection next.
+            conn.close_on_drop();
             return;
         }
-        home.lock().push(Kept {
-            conn,
-            lent_at: self.lent_at,
-            handed_back_at: Instant::now(),
+        let (Some(permit), Ok(runtime)) =
+            (self.permit.take(), tokio::runtime::Handle::try_current())
+        else {
+            return;
+        };
+        runtime.spawn(async move {
+            // Ready again once the statement it was cut off in has ended; the pool checks it
+            // once more on the way in, as for any connection.
+            let _ = conn.ping().await;
+            drop(conn);
+            drop(permit);
         });
     }
 }
@@ -221,13 +256,12 @@ mod tests {
             .unwrap()
     }
 
-    /// A pool of `size` connections to the test's database, all open, failing an acquire
-    /// after a second.
+    /// A pool of `size` connections to the test's database, all open.
     async fn pool_of(pool: &PgPool, size: u32) -> PgPool {
         let pool = PgPoolOptions::new()
             .max_connections(size)
             .min_connections(size)
-            .acquire_timeout(Duration::from_secs(1))
+            .acquire_timeout(Duration::from_secs(30))
             .connect_with((*pool.connect_options()).clone())
             .await
             .unwrap();
@@ -275,10 +309,8 @@ mod tests {
             connections.acquire().await.unwrap(),
             connections.acquire().await.unwrap(),
         ];
-        assert!(matches!(
-            connections.acquire().await,
-            Err(sqlx::Error::PoolTimedOut)
-        ));
+        let third = tokio::time::timeout(Duration::from_millis(300), connections.acquire());
+        assert!(third.await.is_err(), "a third request waits");
         let mut background = pool.acquire().await.unwrap();
         backend(&mut background).await;
         // Handed back, a connection serves the request that waits.
@@ -345,10 +377,42 @@ mod tests {
     }
 
     #[sqlx::test]
-    async fn a_connection_in_a_transaction_goes_back_to_the_pool(pool: PgPool) {
-        let both = two(&pool).await;
-        let mut conn = both.1.acquire().await.unwrap();
+    async fn a_connection_in_a_transaction_is_closed(pool: PgPool) {
+        let (_small, connections) = two(&pool).await;
+        let mut conn = connections.acquire().await.unwrap();
+        let pid = backend(&mut conn).await;
         std::mem::forget(sqlx::Connection::begin(&mut *conn).await.unwrap());
-        handed_back_to_the_pool(conn, both).await;
+        conn.hand_back();
+        assert!(connections.inner.lock().is_empty(), "not kept");
+        eventually("its session ended", Duration::from_secs(30), || async {
+            let sessions: i64 =
+                sqlx::query_scalar("SELECT count(*) FROM pg_stat_activity WHERE pid = $1")
+                    .bind(pid)
+                    .fetch_one(&pool)
+                    .await
+                    .unwrap();
+            (sessions == 0).then_some(())
+        })
+        .await;
+    }
+
+    #[sqlx::test]
+    async fn a_connection_cut_off_mid_statement_holds_its_share_until_back(pool: PgPool) {
+        let (_small, connections) = two(&pool).await;
+        let share = connections.inner.share.clone().unwrap();
+        let mut conn = connections.acquire().await.unwrap();
+        let sleep = sqlx::query("SELECT pg_sleep(0.5)").execute(&mut *conn);
+        assert!(
+            tokio::time::timeout(Duration::from_millis(50), sleep)
+                .await
+                .is_err()
+        );
+        drop(conn);
+        assert_eq!(share.available_permits(), 1, "still held while busy");
+        eventually("the share given back", Duration::from_secs(30), || {
+            let back = share.available_permits() == 2;
+            async move { back.then_some(()) }
+        })
+        .await;
     }
 }

@@ -157,7 +157,7 @@ pub struct Relay<P> {
 impl<P: Publisher> Relay<P> {
     /// A relay over the outbox in `pool`, of which it holds up to four connections at once
     /// (three overlapping passes and its `LISTEN`): best a pool of its own with all four open,
-    /// so that it never waits for request handlers, nor for a connection to be made.
+    /// so that it does not wait for request handlers, nor for a connection to be made.
     pub fn new(pool: PgPool, publisher: P, config: RelayConfig) -> Self {
         Self {
             pool,
