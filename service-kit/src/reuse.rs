@@ -10,10 +10,10 @@
 //! Requests hold at most their share of the pool, handed on or in use: all but [`BACKGROUND`]
 //! connections, so the work that shares it (a cleanup, the relays' wake-up, the operator's
 //! views) always finds one however many requests queue; they queue here, fairly, for as long
-//! as the pool's acquire timeout. A pool too small to leave requests
-//! a share is used as it is, with no hand-over. A connection not handed on within [`KEEP`]
-//! goes back to the pool, and so does one handed on for [`LEND_FOR`], so that the pool still
-//! checks each connection now and then and retires it at its `max_lifetime`.
+//! as the pool's acquire timeout. A pool of fewer than twice [`BACKGROUND`] is shared as it
+//! is, with no hand-over. A connection not handed on within [`KEEP`] goes back to the pool,
+//! and so does one handed on for [`LEND_FOR`], so that the pool still checks each connection
+//! now and then and retires it at its `max_lifetime`.
 
 use std::ops::{Deref, DerefMut};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
@@ -325,14 +325,16 @@ mod tests {
 
     #[sqlx::test]
     async fn a_pool_too_small_for_a_share_is_used_as_it_is(pool: PgPool) {
-        let pool = pool_of(&pool, BACKGROUND).await;
+        // The largest pool that still hands nothing over.
+        let size = 2 * BACKGROUND - 1;
+        let pool = pool_of(&pool, size).await;
         let connections = Connections::for_requests(pool.clone());
         let mut conn = connections.acquire().await.unwrap();
         backend(&mut conn).await;
-        assert_eq!(pool.num_idle(), BACKGROUND as usize - 1);
+        assert_eq!(pool.num_idle(), size as usize - 1);
         conn.hand_back();
         assert!(connections.inner.lock().is_empty());
-        eventually_idle(&pool, BACKGROUND as usize).await;
+        eventually_idle(&pool, size as usize).await;
     }
 
     #[sqlx::test]
