@@ -29,7 +29,7 @@ use async_nats::HeaderMap;
 use async_nats::jetstream::{self, AckKind, consumer::PullConsumer, consumer::pull};
 use futures::StreamExt as _;
 use outbox_core::headers;
-use outbox_core::inbox::{Digest, NewDeadLetter};
+use outbox_core::inbox::{self, Digest, NewDeadLetter};
 use outbox_core::{BatchError, Inbox, InboxError, Outcome};
 use serde::Deserialize;
 use tokio::task::{JoinError, JoinSet};
@@ -605,19 +605,14 @@ impl Rules {
     }
 }
 
-/// The SQLSTATE of a database error that no retry can fix: the statement itself is refused
-/// for this message's data. Class 22 (data exception: a value PostgreSQL cannot store, such
-/// as a NUL byte or an out-of-range number) and class 54 (program limit exceeded: a value too
-/// large for an index row). Anything else (connection failures, serialisation failures,
-/// deadlocks, a full disk, missing privileges an operator can grant) may pass and is retried.
+/// The SQLSTATE of a database error that no retry can fix ([`inbox::refused_for_good`]).
 fn permanent_sqlstate(error: &InboxError<ApplyError>) -> Option<String> {
     let (InboxError::Database(database) | InboxError::Effect(ApplyError::Database(database))) =
         error
     else {
         return None;
     };
-    let code = database.as_database_error()?.code()?;
-    (code.starts_with("22") || code.starts_with("54")).then(|| code.into_owned())
+    inbox::refused_for_good(database).map(std::borrow::Cow::into_owned)
 }
 
 /// The payload fields billing reads; other fields are ignored.

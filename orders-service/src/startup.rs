@@ -7,7 +7,7 @@ use std::sync::Arc;
 use async_nats::jetstream::context::ContextBuilder;
 use axum::Router;
 use axum::extract::FromRef;
-use outbox_core::{Cleanup, JetStreamPublisher, Relay, Wakeup};
+use outbox_core::{Cleanup, JetStreamPublisher, RELAY_CONNECTIONS, Relay, Wakeup};
 use service_kit::admin::{AdminSecurity, AdminToken};
 use service_kit::http::{self, BackgroundTask, Health};
 use service_kit::infra;
@@ -75,9 +75,6 @@ pub fn migrations() -> Vec<(&'static str, Migrator)> {
 pub async fn migrate(pool: &PgPool) -> anyhow::Result<()> {
     infra::prepare_schema(pool, true, migrations()).await
 }
-
-/// The relay's own connections: its three overlapping passes and its listener.
-pub const RELAY_CONNECTIONS: u32 = 4;
 
 /// A built service, listening but not yet serving.
 #[derive(Debug)]

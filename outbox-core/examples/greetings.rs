@@ -14,7 +14,7 @@ use std::time::Duration;
 use async_nats::jetstream::{self, AckKind, consumer::PullConsumer, consumer::pull};
 use axum::{Json, Router, extract::State, http::StatusCode, routing::post};
 use futures::StreamExt as _;
-use outbox_core::inbox::{Digest, NewDeadLetter};
+use outbox_core::inbox::{Digest, NewDeadLetter, refused_for_good};
 use outbox_core::publisher::{StreamSpec, ensure_stream};
 use outbox_core::{
     Inbox, InboxError, JetStreamPublisher, NewEvent, Outcome, Relay, RelayConfig, Wakeup,
@@ -161,7 +161,11 @@ async fn apply(inbox: &Inbox, message: &jetstream::Message) -> anyhow::Result<Ac
             match outcome.await {
                 Ok(Outcome::Processed(_) | Outcome::Duplicate) => None,
                 Ok(Outcome::IdReused) => Some("its id was used before by another message"),
-                Err(error) if refused_for_good(&error) => Some("PostgreSQL refuses its data"),
+                Err(InboxError::Effect(e) | InboxError::Database(e))
+                    if refused_for_good(&e).is_some() =>
+                {
+                    Some("PostgreSQL refuses its data")
+                }
                 Err(error) => return Err(error.into()),
             }
         }
@@ -175,18 +179,6 @@ async fn apply(inbox: &Inbox, message: &jetstream::Message) -> anyhow::Result<Ac
         inbox.dead_letter(letter).await?;
     }
     Ok(AckKind::Ack)
-}
-
-/// Whether PostgreSQL refused the message's data itself (SQLSTATE classes 22, data exception,
-/// and 54, a value over a limit): delivering it again cannot help.
-fn refused_for_good(error: &InboxError<sqlx::Error>) -> bool {
-    let (InboxError::Effect(error) | InboxError::Database(error)) = error else {
-        return false;
-    };
-    let code = error
-        .as_database_error()
-        .and_then(sqlx::error::DatabaseError::code);
-    code.is_some_and(|code| code.starts_with("22") || code.starts_with("54"))
 }
 
 const TABLES: &str = "CREATE TABLE IF NOT EXISTS greetings (id uuid PRIMARY KEY, name text);

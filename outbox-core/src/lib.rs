@@ -62,5 +62,5 @@ pub use event::{NewEvent, event_id};
 pub use inbox::{BatchError, Inbox, InboxError, Outcome};
 pub use outbox::{OutboxStats, enqueue};
 pub use publisher::{JetStreamPublisher, Message, Publisher};
-pub use relay::{BatchReport, Relay, RelayConfig};
+pub use relay::{BatchReport, RELAY_CONNECTIONS, Relay, RelayConfig};
 pub use wakeup::{Wakeup, commit};

@@ -3,7 +3,7 @@
 mod common;
 
 use common::migrate;
-use outbox_core::inbox::{Digest, NewDeadLetter};
+use outbox_core::inbox::{self, Digest, NewDeadLetter};
 use outbox_core::{Inbox, InboxError, Outcome, headers};
 use sqlx::PgPool;
 
@@ -717,4 +717,28 @@ async fn a_redelivered_dead_message_keeps_one_letter(pool: PgPool) {
     let after_closing = inbox.dead_letter(letter(b"{", 3)).await.unwrap();
     assert!(![first, copy, other, no_id].contains(&after_closing));
     assert_eq!(count(&pool, "inbox_dead").await, 5);
+}
+
+/// Only what no delivery can change is refused for good: PostgreSQL refusing the data itself
+/// (a NUL byte in text, a key too large for its index), not a table an operator has yet to
+/// create, nor a pool that gave no connection.
+#[sqlx::test(migrations = false)]
+async fn only_data_the_database_refuses_is_refused_for_good(pool: PgPool) {
+    sqlx::raw_sql("CREATE TABLE keyed (k text PRIMARY KEY)")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let nul = sqlx::query("INSERT INTO keyed VALUES ($1)").bind("a\0b");
+    let nul = nul.execute(&pool).await.unwrap_err();
+    // Random hex compresses to about half: still far over a B-tree row's 2,704 bytes.
+    let huge = "INSERT INTO keyed SELECT string_agg(md5(random()::text), '') \
+        FROM generate_series(1, 400)";
+    let huge = sqlx::query(huge).execute(&pool).await.unwrap_err();
+    let missing = sqlx::query("INSERT INTO missing VALUES (1)");
+    let missing = missing.execute(&pool).await.unwrap_err();
+
+    assert_eq!(inbox::refused_for_good(&nul).as_deref(), Some("22021"));
+    assert_eq!(inbox::refused_for_good(&huge).as_deref(), Some("54000"));
+    assert_eq!(inbox::refused_for_good(&missing), None, "{missing}");
+    assert_eq!(inbox::refused_for_good(&sqlx::Error::PoolTimedOut), None);
 }

@@ -72,6 +72,17 @@ pub enum InboxError<E> {
     Database(#[from] sqlx::Error),
 }
 
+/// The SQLSTATE of `error` when PostgreSQL refused a statement for the data it was given, which
+/// no delivery again can change: class 22 (data exception: a value it cannot store, such as a
+/// NUL byte in text or an out-of-range number) and class 54 (program limit exceeded: a value
+/// too large for an index row). Keep such a message as a dead letter ([`Inbox::dead_letter`]).
+/// Any other error (a lost connection, a serialisation failure, a deadlock, a full disk, a
+/// privilege an operator can grant) may pass: deliver the message again.
+pub fn refused_for_good(error: &sqlx::Error) -> Option<std::borrow::Cow<'_, str>> {
+    let code = error.as_database_error()?.code()?;
+    (code.starts_with("22") || code.starts_with("54")).then_some(code)
+}
+
 /// Why [`Inbox::process_batch`] did not commit.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]

@@ -73,6 +73,10 @@ use tokio_util::sync::CancellationToken;
 use crate::{Backoff, Publisher, Wakeup};
 use schedule::{Round, Scheduler};
 
+/// The most connections a relay holds at once: its three overlapping passes (one recorded, one
+/// published, one claimed, see [`Relay::run`]) and its `LISTEN`. The size of a pool of its own.
+pub const RELAY_CONNECTIONS: u32 = 4;
+
 /// How the relay runs.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
@@ -155,9 +159,9 @@ pub struct Relay<P> {
 }
 
 impl<P: Publisher> Relay<P> {
-    /// A relay over the outbox in `pool`, of which it holds up to four connections at once
-    /// (three overlapping passes and its `LISTEN`): best a pool of its own with all four open,
-    /// so that it does not wait for request handlers, nor for a connection to be made.
+    /// A relay over the outbox in `pool`, of which it holds up to [`RELAY_CONNECTIONS`] at once:
+    /// best a pool of its own with all of them open, so that it does not wait for request
+    /// handlers, nor for a connection to be made.
     pub fn new(pool: PgPool, publisher: P, config: RelayConfig) -> Self {
         Self {
             pool,
