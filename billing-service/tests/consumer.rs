@@ -593,12 +593,12 @@ async fn publish_hostile_list(app: &TestApp) {
 /// and the messages the client could not read.
 async fn assert_kept_byte_for_byte(app: &TestApp) {
     // The NUL byte is kept: the header value is stored as its bytes.
-    let nul: Value = sqlx::query_scalar(
-        "SELECT headers->'ce-id'->0 FROM inbox_dead WHERE headers->'ce-id'->0 ? 'hex'",
-    )
-    .fetch_one(&app.pool)
-    .await
-    .unwrap();
+    let nul: Value =
+        sqlx::query_scalar("SELECT headers->$1->0 FROM inbox_dead WHERE headers->$1->0 ? 'hex'")
+            .bind(headers::ID)
+            .fetch_one(&app.pool)
+            .await
+            .unwrap();
     assert_eq!(nul["hex"], "6d006e756c");
     // A NUL in the subject is kept too: shown as ␀, and byte for byte.
     let (subject, bytes): (String, Vec<u8>) = sqlx::query_as(

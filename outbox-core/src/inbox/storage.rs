@@ -235,7 +235,7 @@ pub(crate) async fn dead(
         SELECT id, message_id, subject, headers, payload, error, deliveries, created_at
         FROM inbox_dead
         WHERE consumer = $1 AND closed_at IS NULL AND id > $2
-          AND ($4::text IS NULL OR headers->'ce-type'->>0 = $4)
+          AND ($4::text IS NULL OR headers->($6::text)->>0 = $4)
           AND ($5::text IS NULL OR strpos(error, $5) > 0)
         ORDER BY id
         LIMIT $3
@@ -245,6 +245,7 @@ pub(crate) async fn dead(
         limit,
         filter.event_type,
         filter.error_contains,
+        crate::headers::TYPE,
     )
     .fetch_all(pool)
     .await
@@ -284,7 +285,7 @@ pub(crate) async fn close_dead(
         UPDATE inbox_dead SET closed_at = now(), resolution = $3
         WHERE consumer = $1 AND closed_at IS NULL
           AND ($2::bigint IS NULL OR id = $2)
-          AND ($4::text IS NULL OR headers->'ce-type'->>0 = $4)
+          AND ($4::text IS NULL OR headers->($6::text)->>0 = $4)
           AND ($5::text IS NULL OR strpos(error, $5) > 0)
         "#,
         consumer,
@@ -292,6 +293,7 @@ pub(crate) async fn close_dead(
         resolution,
         filter.event_type,
         filter.error_contains,
+        crate::headers::TYPE,
     )
     .execute(pool)
     .await?;
