@@ -9,12 +9,16 @@
 CREATE ROLE billing_app LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS;
 GRANT USAGE ON SCHEMA public TO billing_app;
 GRANT SELECT, INSERT, UPDATE ON invoices TO billing_app;
--- UPDATE counts duplicates; DELETE: the cleanup task removes records after INBOX_RETENTION_MS.
-GRANT SELECT, INSERT, UPDATE, DELETE ON inbox_records TO billing_app;
--- The records of outbox-core before its compact keys, read until they age out.
-GRANT SELECT, INSERT, UPDATE, DELETE ON inbox TO billing_app;
+-- UPDATE counts duplicates; DELETE: the cleanup task removes records after INBOX_RETENTION_MS
+-- that no partition's ageing-out takes.
+GRANT SELECT, INSERT, UPDATE, DELETE ON inbox_entries TO billing_app;
+-- Empties a day's partition of inbox_entries once all its records are past the retention (it
+-- runs as the owner: the role itself may not TRUNCATE).
+GRANT EXECUTE ON FUNCTION inbox_age_out(TEXT, INTERVAL) TO billing_app;
+-- The records of outbox-core's earlier versions, read until they age out.
+GRANT SELECT, INSERT, UPDATE, DELETE ON inbox_records, inbox TO billing_app;
 -- The counts the inbox keeps as it records and deletes.
-GRANT SELECT, INSERT, UPDATE ON inbox_counts TO billing_app;
+GRANT SELECT, INSERT, UPDATE ON inbox_day_counts, inbox_counts TO billing_app;
 -- Dead letters are kept: closed by an operator, never deleted.
 GRANT SELECT, INSERT, UPDATE ON inbox_dead TO billing_app;
 -- Read only: start-up checks that every migration was applied.

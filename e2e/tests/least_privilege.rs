@@ -84,6 +84,7 @@ async fn assert_least_privilege(orders: &PgPool, billing: &PgPool) {
     assert_eq!(refusal(orders, "DELETE FROM orders").await, DENIED);
     assert_eq!(refusal(billing, "DELETE FROM invoices").await, DENIED);
     assert_eq!(refusal(billing, "DELETE FROM inbox_dead").await, DENIED);
+    assert_eq!(refusal(billing, "TRUNCATE inbox_entries").await, DENIED);
 }
 
 #[tokio::test]

@@ -1,4 +1,4 @@
-//! The background task that deletes finished outbox rows and old inbox records, in batches.
+//! The background task that ages out finished outbox rows and old inbox records.
 
 use std::future::Future;
 use std::time::Duration;
@@ -15,8 +15,9 @@ enum Target {
     Inbox(Inbox),
 }
 
-/// Deletes, every `interval`, what is older than `retention`: published and skipped outbox
-/// rows, or inbox records. Dead rows and dead letters are never deleted.
+/// Ages out, every `interval`, what is older than `retention`: published and skipped outbox
+/// rows (deleted in batches), or inbox records (see [`Inbox::cleanup`]). Dead rows and dead
+/// letters are never deleted.
 #[derive(Debug, Clone)]
 pub struct Cleanup {
     target: Target,
@@ -53,7 +54,7 @@ impl Cleanup {
         self
     }
 
-    /// One round; returns the number of rows deleted.
+    /// One round; returns the number of rows aged out.
     pub async fn run_once(&self) -> sqlx::Result<u64> {
         match &self.target {
             Target::Outbox(pool) => outbox::cleanup(pool, self.retention, self.batch).await,

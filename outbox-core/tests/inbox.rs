@@ -2,48 +2,10 @@
 
 mod common;
 
-use common::migrate;
+use common::{count, count_up, counter, create_counter, migrate};
 use outbox_core::inbox::{self, Digest, NewDeadLetter};
 use outbox_core::{Inbox, InboxError, Outcome, headers};
 use sqlx::PgPool;
-
-async fn count(pool: &PgPool, table: &str) -> i64 {
-    let sql = format!("SELECT count(*) FROM {table}");
-    sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
-        .fetch_one(pool)
-        .await
-        .unwrap()
-}
-
-/// A counter with no constraint behind it: the effect of the inbox tests that is not idempotent.
-async fn create_counter(pool: &PgPool) {
-    sqlx::raw_sql("CREATE TABLE counter (n int NOT NULL); INSERT INTO counter VALUES (0)")
-        .execute(pool)
-        .await
-        .unwrap();
-}
-
-/// Delivers message `id` with `digest` to `inbox`, whose effect adds one to the counter.
-async fn count_up(inbox: &Inbox, id: &str, digest: &Digest) -> Outcome<()> {
-    inbox
-        .process(id, digest, |conn| {
-            Box::pin(async move {
-                sqlx::query("UPDATE counter SET n = n + 1")
-                    .execute(conn)
-                    .await
-                    .map(drop)
-            })
-        })
-        .await
-        .unwrap()
-}
-
-async fn counter(pool: &PgPool) -> i32 {
-    sqlx::query_scalar("SELECT n FROM counter")
-        .fetch_one(pool)
-        .await
-        .unwrap()
-}
 
 #[sqlx::test(migrations = false)]
 async fn second_delivery_is_a_duplicate_and_runs_nothing(pool: PgPool) {
@@ -410,7 +372,7 @@ async fn stats_follow_the_records_and_the_cleanup(pool: PgPool) {
     assert_eq!((stats.processed, stats.duplicate), (0, 0));
 }
 
-/// The key `inbox_records` holds for `id`.
+/// The key `inbox_entries` holds for `id`.
 async fn key_of(pool: &PgPool, id: &str) -> uuid::Uuid {
     sqlx::query_scalar("SELECT inbox_key($1)")
         .bind(id)
@@ -453,7 +415,7 @@ async fn ids_are_keyed_in_sixteen_bytes(pool: PgPool) {
     for id in [&upper, "m1", "order:42@shop_1-x", &crafted] {
         assert_eq!(key_of(&pool, id).await, hashed_key(id), "{id}");
     }
-    let keys: Vec<uuid::Uuid> = sqlx::query_scalar("SELECT key FROM inbox_records ORDER BY key")
+    let keys: Vec<uuid::Uuid> = sqlx::query_scalar("SELECT key FROM inbox_entries ORDER BY key")
         .fetch_all(&pool)
         .await
         .unwrap();
@@ -509,54 +471,94 @@ async fn ids_of_a_batch_sharing_a_key_are_applied_once(pool: PgPool) {
     assert_eq!(counter(&pool).await, 2);
 }
 
-/// What the previous version's inbox did to record message `id`: a row in `inbox`, by its id,
-/// and its count.
-async fn record_as_before(
-    conn: &mut sqlx::PgConnection,
-    id: &str,
-    digest: &Digest,
-) -> sqlx::Result<i64> {
-    sqlx::query_scalar(
-        "WITH inserted AS (
-             INSERT INTO inbox (consumer, message_id, digest) VALUES ('billing', $1, $2)
-             ON CONFLICT (consumer, message_id) DO NOTHING
-             RETURNING message_id
-         ),
-         counted AS (
-             INSERT INTO inbox_counts (consumer, slot, processed)
-             SELECT 'billing', 0, count(*) FROM inserted HAVING count(*) > 0
-             ON CONFLICT (consumer, slot)
-             DO UPDATE SET processed = inbox_counts.processed + EXCLUDED.processed
-         )
-         SELECT count(*) FROM inserted",
-    )
-    .bind(id)
-    .bind(digest.as_bytes().as_slice())
-    .fetch_one(conn)
-    .await
+/// A version of the inbox before this one, still running beside it while instances are
+/// replaced: the one that recorded messages in `inbox` by their ids, or the one that recorded
+/// them in `inbox_records` by their keys.
+#[derive(Debug, Clone, Copy)]
+enum Previous {
+    ByIds,
+    ByKeys,
+}
+
+impl Previous {
+    /// Its table, and the trigger through which each of its records takes its key in the next.
+    fn table_and_trigger(self) -> (&'static str, &'static str) {
+        match self {
+            Self::ByIds => ("inbox", "inbox_record_key"),
+            Self::ByKeys => ("inbox_records", "inbox_entry_of_record"),
+        }
+    }
+
+    /// What it did to record message `id`: a row in its table, and its count.
+    async fn record(
+        self,
+        conn: &mut sqlx::PgConnection,
+        id: &str,
+        digest: &Digest,
+    ) -> sqlx::Result<i64> {
+        let insert = match self {
+            Self::ByIds => {
+                "INSERT INTO inbox (consumer, message_id, digest) VALUES ('billing', $1, $2)
+                 ON CONFLICT (consumer, message_id) DO NOTHING
+                 RETURNING message_id"
+            }
+            Self::ByKeys => {
+                "INSERT INTO inbox_records (consumer, key, digest)
+                 VALUES ('billing', inbox_key($1), $2)
+                 ON CONFLICT (consumer, key) DO NOTHING
+                 RETURNING key"
+            }
+        };
+        sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "WITH inserted AS ({insert}),
+             counted AS (
+                 INSERT INTO inbox_counts (consumer, slot, processed)
+                 SELECT 'billing', 0, count(*) FROM inserted HAVING count(*) > 0
+                 ON CONFLICT (consumer, slot)
+                 DO UPDATE SET processed = inbox_counts.processed + EXCLUDED.processed
+             )
+             SELECT count(*) FROM inserted"
+        )))
+        .bind(id)
+        .bind(digest.as_bytes().as_slice())
+        .fetch_one(conn)
+        .await
+    }
 }
 
 /// The move to compact keys needs no downtime: records the previous version made before the
 /// migration (in `inbox`, nothing copied) still make their copies duplicates; while it still
 /// runs beside this one, a message both record at once is applied once, whichever commits
-/// first; the cleanup ages out both tables and the counts come back to zero.
+/// first; the cleanup ages out every table and the counts come back to zero.
 #[sqlx::test(migrations = false)]
-async fn records_of_the_previous_version_keep_their_copies_out(pool: PgPool) {
+async fn records_of_the_version_by_ids_keep_their_copies_out(pool: PgPool) {
+    previous_version_beside_this_one(pool, Previous::ByIds).await;
+}
+
+/// The same for the move to daily partitions: records the previous version made in
+/// `inbox_records` before the migration are read beside `inbox_entries`, and while it runs
+/// beside this one, both versions' records of a message meet on one primary key.
+#[sqlx::test(migrations = false)]
+async fn records_of_the_version_by_keys_keep_their_copies_out(pool: PgPool) {
+    previous_version_beside_this_one(pool, Previous::ByKeys).await;
+}
+
+async fn previous_version_beside_this_one(pool: PgPool, previous: Previous) {
     migrate(&pool).await;
     create_counter(&pool).await;
     let inbox = Inbox::new(pool.clone(), "billing");
     let digest = Digest::of(&[b"body"]);
     let mut conn = pool.acquire().await.unwrap();
+    let (table, trigger) = previous.table_and_trigger();
 
     // Made before the migration: no trigger then.
-    sqlx::query("ALTER TABLE inbox DISABLE TRIGGER inbox_record_key")
+    let trigger_is = |state: &str| format!("ALTER TABLE {table} {state} TRIGGER {trigger}");
+    sqlx::query(sqlx::AssertSqlSafe(trigger_is("DISABLE")))
         .execute(&mut *conn)
         .await
         .unwrap();
-    record_as_before(&mut conn, "before", &digest)
-        .await
-        .unwrap();
-    sqlx::query("ALTER TABLE inbox ENABLE TRIGGER inbox_record_key")
+    previous.record(&mut conn, "before", &digest).await.unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(trigger_is("ENABLE")))
         .execute(&mut *conn)
         .await
         .unwrap();
@@ -569,7 +571,8 @@ async fn records_of_the_previous_version_keep_their_copies_out(pool: PgPool) {
 
     // The previous version beside this one, committing first: its record is seen.
     assert_eq!(
-        record_as_before(&mut conn, "old-first", &digest)
+        previous
+            .record(&mut conn, "old-first", &digest)
             .await
             .unwrap(),
         1
@@ -584,7 +587,8 @@ async fn records_of_the_previous_version_keep_their_copies_out(pool: PgPool) {
         count_up(&inbox, "new-first", &digest).await,
         Outcome::Processed(())
     );
-    let refused = record_as_before(&mut conn, "new-first", &digest)
+    let refused = previous
+        .record(&mut conn, "new-first", &digest)
         .await
         .unwrap_err();
     assert_eq!(
@@ -597,7 +601,8 @@ async fn records_of_the_previous_version_keep_their_copies_out(pool: PgPool) {
     // Both at once: this one's record waits on the previous version's open transaction and,
     // once that commits, finds the message recorded.
     let mut open = pool.begin().await.unwrap();
-    record_as_before(&mut open, "together", &digest)
+    previous
+        .record(&mut open, "together", &digest)
         .await
         .unwrap();
     let racing = {
@@ -631,54 +636,128 @@ async fn records_of_the_previous_version_keep_their_copies_out(pool: PgPool) {
 
     // Everything ages out of both tables; every count taken on comes off again.
     inbox.cleanup(std::time::Duration::ZERO, 2).await.unwrap();
-    assert_eq!(count(&pool, "inbox").await, 0);
-    assert_eq!(count(&pool, "inbox_records").await, 0);
+    for table in ["inbox", "inbox_records", "inbox_entries"] {
+        assert_eq!(count(&pool, table).await, 0, "{table}");
+    }
     let stats = inbox.stats().await.unwrap();
     assert_eq!((stats.processed, stats.duplicate), (0, 0));
+}
+
+/// Migrates `pool` up to (not including) `version`, grants a new role what `grants` says
+/// (`{role}` standing for it), migrates the rest, and returns which of `checks` hold for the
+/// role, each a check function (e.g. `has_table_privilege($1, 'inbox', $2)`) and a privilege.
+async fn privileges_after_migrating(
+    pool: &PgPool,
+    version: i64,
+    grants: &str,
+    checks: &[(&str, &str)],
+) -> Vec<String> {
+    outbox_core::migrate::outbox(pool).await.unwrap();
+    let mut before = outbox_core::migrate::inbox_migrations();
+    before.migrations = before
+        .migrations
+        .iter()
+        .filter(|m| m.version < version)
+        .cloned()
+        .collect::<Vec<_>>()
+        .into();
+    outbox_core::migrate::run(before, pool).await.unwrap();
+    let role = format!("inbox_app_{}", uuid::Uuid::new_v4().simple());
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "CREATE ROLE {role} NOLOGIN; {}",
+        grants.replace("{role}", &role)
+    )))
+    .execute(pool)
+    .await
+    .unwrap();
+    outbox_core::migrate::inbox(pool).await.unwrap();
+    let mut held = Vec::new();
+    for (check, privilege) in checks {
+        let holds: bool = sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT {check}")))
+            .bind(&role)
+            .bind(privilege)
+            .fetch_one(pool)
+            .await
+            .unwrap();
+        if holds {
+            held.push(format!("{check} {privilege}"));
+        }
+    }
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "DROP OWNED BY {role}; DROP ROLE {role}"
+    )))
+    .execute(pool)
+    .await
+    .unwrap();
+    held
+}
+
+/// Checks of every table privilege on `table`.
+fn on_table(table: &str) -> Vec<(String, &'static str)> {
+    ["SELECT", "INSERT", "UPDATE", "DELETE", "TRUNCATE"]
+        .into_iter()
+        .map(|p| (format!("has_table_privilege($1, '{table}', $2)"), p))
+        .collect()
 }
 
 /// A role granted rights on `inbox` before the compact keys (a service that may not change the
 /// schema) holds the same on `inbox_records` once the migration ran.
 #[sqlx::test(migrations = false)]
 async fn the_migration_grants_inbox_records_as_inbox_was(pool: PgPool) {
-    outbox_core::migrate::outbox(&pool).await.unwrap();
-    let mut before = outbox_core::migrate::inbox_migrations();
-    before.migrations = before
-        .migrations
-        .iter()
-        .filter(|m| m.version < 20_261_203_000_008)
-        .cloned()
-        .collect::<Vec<_>>()
-        .into();
-    outbox_core::migrate::run(before, &pool).await.unwrap();
-    let role = format!("inbox_app_{}", uuid::Uuid::new_v4().simple());
-    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-        "CREATE ROLE {role} NOLOGIN; GRANT SELECT, INSERT, DELETE ON inbox TO {role}"
-    )))
-    .execute(&pool)
-    .await
-    .unwrap();
-    outbox_core::migrate::inbox(&pool).await.unwrap();
-    let privileges: Vec<(String, bool)> = sqlx::query_as(
-        "SELECT p, has_table_privilege($1, 'inbox_records', p)
-         FROM unnest(ARRAY['SELECT', 'INSERT', 'UPDATE', 'DELETE', 'TRUNCATE']) AS p",
+    let checks = on_table("inbox_records");
+    let checks: Vec<(&str, &str)> = checks.iter().map(|(c, p)| (c.as_str(), *p)).collect();
+    let held = privileges_after_migrating(
+        &pool,
+        20_261_203_000_008,
+        "GRANT SELECT, INSERT, DELETE ON inbox TO {role}",
+        &checks,
     )
-    .bind(&role)
-    .fetch_all(&pool)
-    .await
-    .unwrap();
-    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-        "DROP OWNED BY {role}; DROP ROLE {role}"
-    )))
-    .execute(&pool)
-    .await
-    .unwrap();
-    let held: Vec<&str> = privileges
-        .iter()
-        .filter(|(_, held)| *held)
-        .map(|(p, _)| p.as_str())
-        .collect();
-    assert_eq!(held, ["SELECT", "INSERT", "DELETE"]);
+    .await;
+    let table = "has_table_privilege($1, 'inbox_records', $2)";
+    assert_eq!(
+        held,
+        [
+            format!("{table} SELECT"),
+            format!("{table} INSERT"),
+            format!("{table} DELETE")
+        ]
+    );
+}
+
+/// A role granted rights on `inbox_records` and `inbox_counts` holds the same on the tables
+/// that take their place once the migration to daily partitions ran, and one that may delete
+/// records may age out partitions (never TRUNCATE them itself).
+#[sqlx::test(migrations = false)]
+async fn the_migration_grants_the_partitioned_tables_as_before(pool: PgPool) {
+    let mut checks = on_table("inbox_entries");
+    checks.extend(on_table("inbox_day_counts"));
+    let age_out = "has_function_privilege($1, 'inbox_age_out(text, interval)', $2)";
+    checks.push((age_out.to_owned(), "EXECUTE"));
+    let checks: Vec<(&str, &str)> = checks.iter().map(|(c, p)| (c.as_str(), *p)).collect();
+    let (entries, counts) = (
+        "has_table_privilege($1, 'inbox_entries', $2)",
+        "has_table_privilege($1, 'inbox_day_counts', $2)",
+    );
+    assert_eq!(
+        privileges_after_migrating(
+            &pool,
+            20_261_204_000_011,
+            "GRANT SELECT, INSERT, UPDATE, DELETE ON inbox_records TO {role};
+             GRANT SELECT, INSERT, UPDATE ON inbox_counts TO {role}",
+            &checks,
+        )
+        .await,
+        [
+            format!("{entries} SELECT"),
+            format!("{entries} INSERT"),
+            format!("{entries} UPDATE"),
+            format!("{entries} DELETE"),
+            format!("{counts} SELECT"),
+            format!("{counts} INSERT"),
+            format!("{counts} UPDATE"),
+            format!("{age_out} EXECUTE"),
+        ]
+    );
 }
 
 /// A redelivery of a message kept as an open dead letter (its termination was lost, or came

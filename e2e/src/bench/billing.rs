@@ -50,7 +50,7 @@ pub async fn drain(messages: usize, apply_batch: Option<usize>) -> anyhow::Resul
     let db = PgPool::connect(&testing::database_url(&names.billing_db)).await?;
     all_invoiced(&db, messages as u64, Duration::from_secs(600)).await?;
     let (first, last): (DateTime<Utc>, DateTime<Utc>) = sqlx::query_as(
-        "SELECT (SELECT min(received_at) FROM inbox_records), (SELECT max(created_at) FROM invoices)",
+        "SELECT (SELECT min(received_at) FROM inbox_entries), (SELECT max(created_at) FROM invoices)",
     )
     .fetch_one(&db)
     .await?;

@@ -1,7 +1,8 @@
 //! What the tables' size costs. A user's database is not empty: the outbox holds up to a day of
 //! published events and the inbox up to a week of records. This phase fills an orders and a
-//! billing database once with many finished rows (over the 12 and the 72 hours before the last
-//! hour: inside the default retentions, so the services' cleanup keeps them), and empty ones
+//! billing database once with many finished rows (over the 12 hours before the last hour, and
+//! the three UTC days before the last midnight: inside the default retentions, so the
+//! services' cleanup keeps them), and empty ones
 //! made the same way; it copies them for each measurement and runs the relay drain,
 //! `POST /orders` and the steady phase on empty and on filled copies. It also measures the
 //! bytes each event takes on each side, and each side's cleanup deleting aged rows (then a
@@ -73,7 +74,7 @@ pub struct Cleanup {
 /// One cleanup round and its `VACUUM`.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Round {
-    /// Rows deleted.
+    /// Rows aged out: deleted, or in partitions emptied whole.
     pub deleted: u64,
     /// Seconds the deleting took.
     pub delete_secs: f64,
@@ -163,8 +164,9 @@ pub async fn drop_leftovers() -> anyhow::Result<()> {
 }
 
 /// Fills a fresh orders database with `rows` published events and a billing database with as
-/// many inbox records, spread evenly over the twelve hours (outbox) and three days (inbox)
-/// before the last hour, and measures their size. With `rows` 0, the empty databases the
+/// many inbox records, spread evenly over the twelve hours before the last hour (outbox) and
+/// over the three UTC days (three of the inbox's daily partitions) before the last midnight
+/// an hour or more ago (inbox), and measures their size. With `rows` 0, the empty databases the
 /// baseline copies, migrated and analysed the same way.
 pub async fn fill(rows: i64) -> anyhow::Result<(Filled, Growth)> {
     let start = Instant::now();
@@ -217,33 +219,18 @@ pub async fn fill(rows: i64) -> anyhow::Result<(Filled, Growth)> {
         .bind(filled.anchor)
         .execute(&orders)
         .await?;
-        // The ids the relay publishes, hence billing's keys, are UUIDv7 too.
-        sqlx::query(
-            "INSERT INTO inbox_records (consumer, key, received_at, digest)
-             SELECT $4, id, at, sha256(id::text::bytea)
-             FROM (SELECT encode(overlay(uuid_send(gen_random_uuid()) placing
-                              substring(int8send((extract(epoch FROM at) * 1000)::bigint) FROM 3)
-                              FROM 1 FOR 6), 'hex')::uuid AS id, at
-                   FROM (SELECT $5 - interval '73 hours'
-                                    + interval '72 hours' * (i::float8 / $3) AS at
-                         FROM generate_series($1, $2 - 1) AS i) AS t) AS r",
-        )
-        .bind(first)
-        .bind(last)
-        .bind(rows)
-        .bind(&consumer)
-        .bind(filled.anchor)
-        .execute(&billing)
-        .await?;
+        fill_inbox(&billing, first..last, rows, &consumer, filled.anchor).await?;
     }
     // What the inbox's own statements would have counted.
-    sqlx::query("INSERT INTO inbox_counts (consumer, slot, processed) VALUES ($1, 0, $2)")
-        .bind(&consumer)
-        .bind(rows)
-        .execute(&billing)
-        .await?;
+    sqlx::query(
+        "INSERT INTO inbox_day_counts (consumer, day, slot, processed)
+         SELECT $1, day, 0, count(*) FROM inbox_entries GROUP BY day",
+    )
+    .bind(&consumer)
+    .execute(&billing)
+    .await?;
     // As autovacuum would have by the time the tables are that big.
-    for (pool, table) in [(&orders, "outbox"), (&billing, "inbox_records")] {
+    for (pool, table) in [(&orders, "outbox"), (&billing, "inbox_entries")] {
         sqlx::raw_sql(sqlx::AssertSqlSafe(format!("VACUUM ANALYZE {table}")))
             .execute(pool)
             .await?;
@@ -251,10 +238,16 @@ pub async fn fill(rows: i64) -> anyhow::Result<(Filled, Growth)> {
     let size = |pool: &PgPool, table: &'static str| {
         let pool = pool.clone();
         async move {
-            let bytes: i64 = sqlx::query_scalar("SELECT pg_total_relation_size($1::regclass)")
-                .bind(table)
-                .fetch_one(&pool)
-                .await?;
+            // A partitioned table's size is its partitions' (the tree of a table that is not
+            // partitioned is empty).
+            let bytes: i64 = sqlx::query_scalar(
+                "SELECT COALESCE(sum(pg_total_relation_size(relid)),
+                                 pg_total_relation_size($1::regclass))::bigint
+                 FROM pg_partition_tree($1::regclass)",
+            )
+            .bind(table)
+            .fetch_one(&pool)
+            .await?;
             anyhow::Ok(bytes as f64 / rows.max(1) as f64)
         }
     };
@@ -262,7 +255,7 @@ pub async fn fill(rows: i64) -> anyhow::Result<(Filled, Growth)> {
         rows,
         fill_secs: start.elapsed().as_secs_f64(),
         outbox_bytes_per_event: size(&orders, "outbox").await?,
-        inbox_bytes_per_record: size(&billing, "inbox_records").await?,
+        inbox_bytes_per_record: size(&billing, "inbox_entries").await?,
         ..Growth::default()
     };
     orders.close().await;
@@ -270,14 +263,48 @@ pub async fn fill(rows: i64) -> anyhow::Result<(Filled, Growth)> {
     Ok((filled, growth))
 }
 
-/// The share of the filled rows the cleanup phase finds aged: enough to run for a while under
-/// load, few enough that the copy keeps most of its size.
+/// Inserts the inbox records `chunk` of `rows`, for `consumer`, received over the three UTC
+/// days before the last midnight an hour or more before `anchor`.
+async fn fill_inbox(
+    billing: &PgPool,
+    chunk: std::ops::Range<i64>,
+    rows: i64,
+    consumer: &str,
+    anchor: chrono::DateTime<chrono::Utc>,
+) -> anyhow::Result<()> {
+    // The ids the relay publishes, hence billing's keys, are UUIDv7 too (version 7: the
+    // inbox's partition of a record follows from it).
+    sqlx::query(
+        "INSERT INTO inbox_entries (consumer, key, received_at, day, digest)
+         SELECT $4, id, at, inbox_day(id), sha256(id::text::bytea)
+         FROM (SELECT encode(set_byte(overlay(uuid_send(gen_random_uuid()) placing
+                          substring(int8send((extract(epoch FROM at) * 1000)::bigint) FROM 3)
+                          FROM 1 FOR 6), 6, 112 + get_byte(uuid_send(gen_random_uuid()), 6) % 16),
+                          'hex')::uuid AS id, at
+               FROM (SELECT date_trunc('day', $5 - interval '1 hour', 'UTC')
+                                - interval '72 hours'
+                                + interval '72 hours' * (i::float8 / $3) AS at
+                     FROM generate_series($1, $2 - 1) AS i) AS t) AS r",
+    )
+    .bind(chunk.start)
+    .bind(chunk.end)
+    .bind(rows)
+    .bind(consumer)
+    .bind(anchor)
+    .execute(billing)
+    .await?;
+    Ok(())
+}
+
+/// The share of the filled outbox rows the cleanup phase finds aged: enough to run for a
+/// while under load, few enough that the copy keeps most of its size.
 const AGED: f64 = 0.05;
 
 /// Runs `POST /orders` at maximum rate against a copy of the filled orders database while one
-/// round of the outbox's and of the inbox's cleanup (the services' code and batch size) deletes
-/// the oldest twentieth of the filled rows and a `VACUUM` reclaims them, and returns the
-/// figures.
+/// round of the outbox's and of the inbox's cleanup (the services' code and batch size) ages
+/// out the oldest twentieth of the outbox's filled rows and the oldest of the inbox's three
+/// days (a third: a partition is emptied whole), and a `VACUUM` reclaims what was deleted, and
+/// returns the figures.
 pub async fn cleanup(filled: &Filled, connections: usize) -> anyhow::Result<Cleanup> {
     let names = Names::unique();
     filled.copy_into(&names).await?;
@@ -293,12 +320,17 @@ pub async fn cleanup(filled: &Filled, connections: usize) -> anyhow::Result<Clea
         billing_db.clone(),
         billing_service::Config::from_env()?.consumer.name,
     );
-    // The filled rows span 12 hours (outbox) and 72 hours (inbox) ending an hour before the
-    // anchor; these retentions put the oldest AGED of each past them, and nothing the load adds.
-    let since = (chrono::Utc::now() - filled.anchor).num_seconds() as f64 / 3600.0;
-    let hours = |h: f64| Duration::from_secs_f64((h + since) * 3600.0);
-    let (outbox_retention, inbox_retention) =
-        (hours(13.0 - 12.0 * AGED), hours(73.0 - 72.0 * AGED));
+    // The outbox's filled rows span 12 hours ending an hour before the anchor, the inbox's the
+    // three days before a midnight; these retentions put the oldest AGED of the outbox's and
+    // the oldest day of the inbox's past them, and nothing the load adds.
+    let now = chrono::Utc::now();
+    let since = (now - filled.anchor).num_seconds() as f64 / 3600.0;
+    let outbox_retention = Duration::from_secs_f64((13.0 - 12.0 * AGED + since) * 3600.0);
+    let midnight = (filled.anchor - chrono::TimeDelta::hours(1))
+        .date_naive()
+        .and_time(chrono::NaiveTime::MIN)
+        .and_utc();
+    let inbox_retention = (now - (midnight - chrono::TimeDelta::hours(48))).to_std()?;
 
     let stop = tokio_util::sync::CancellationToken::new();
     let load =
@@ -312,7 +344,7 @@ pub async fn cleanup(filled: &Filled, connections: usize) -> anyhow::Result<Clea
             ),
             round(
                 &billing_db,
-                "inbox_records",
+                "inbox_entries",
                 inbox.cleanup(inbox_retention, 1000)
             ),
         );

@@ -364,7 +364,7 @@ async fn measure(orders_db: &PgPool, billing_db: &PgPool, filled: i64) -> anyhow
     // The filled records were all received before the phase's first order. An event's id, a
     // UUID, is its inbox key.
     let received: HashMap<String, Stamp> = sqlx::query_as::<_, (String, Stamp)>(
-        "SELECT key::text, received_at FROM inbox_records WHERE received_at >= $1",
+        "SELECT key::text, received_at FROM inbox_entries WHERE received_at >= $1",
     )
     .bind(first)
     .fetch_all(billing_db)

@@ -470,7 +470,7 @@ async fn measure_growth(
     let c = &figures.cleanup;
     for (table, round) in [("outbox", &c.outbox), ("inbox", &c.inbox)] {
         progress(&format!(
-            "    {table}: {} rows deleted in {:.1} s, VACUUM {:.1} s",
+            "    {table}: {} rows aged out in {:.2} s, VACUUM {:.1} s",
             round.deleted, round.delete_secs, round.vacuum_secs
         ));
     }

@@ -7,10 +7,13 @@
 //! failed effect rolls back the record too, so a later delivery tries again. Messages that can
 //! never be applied are kept as dead letters ([`Inbox::dead_letter`]).
 //!
-//! A record (table `inbox_records`) keeps the id in 16 bytes: a UUID in canonical text is its
+//! A record (table `inbox_entries`) keeps the id in 16 bytes: a UUID in canonical text is its
 //! own key, any other id (and a UUID of version 8) is keyed by its SHA-256 marked as a
-//! version-8 UUID (SQL function `inbox_key`). Records of the crate's earlier versions, in
-//! table `inbox`, are still read until they age out.
+//! version-8 UUID (SQL function `inbox_key`). The table is partitioned by the day a UUIDv7 key
+//! was made, in a ring of 32, so that [`Inbox::cleanup`] ages records out a day's partition at
+//! a time (`TRUNCATE`) rather than row by row; records of other keys share one partition aged
+//! out row by row. Records of the crate's earlier versions, in tables `inbox_records` and
+//! `inbox`, are still read until they age out.
 
 pub(crate) mod storage;
 
@@ -484,13 +487,27 @@ impl Inbox {
         Ok(stats)
     }
 
-    /// Deletes inbox records older than `retention`, `batch` rows of each table per statement,
-    /// and returns how many were deleted (a `batch` below 1 counts as 1). Keep `retention` longer than any redelivery can
-    /// arrive: a message redelivered after its record is gone would be applied again.
+    /// Ages out inbox records older than `retention` and returns how many went: the
+    /// partitions of days whose records are all that old are emptied whole, the rest (records
+    /// of ids that are no UUIDv7, of the tables before the partitions, and any a partition
+    /// cannot take in time) are deleted `batch` rows of each table per statement (a `batch`
+    /// below 1 counts as 1). Partitions are shared by every consumer of the database, so one
+    /// is emptied only when the longest retention any consumer's cleanup declared has passed.
+    /// Keep `retention` longer than any redelivery can arrive: a message redelivered after its
+    /// record is gone would be applied again.
     pub async fn cleanup(&self, retention: Duration, batch: i64) -> sqlx::Result<u64> {
-        crate::cleanup::in_batches(batch, |batch| {
+        let mut removed = 0;
+        // Bounded: the ring has 32 partitions, one emptied per statement.
+        for _ in 0..32 {
+            match storage::age_out(&self.pool, &self.consumer, retention).await? {
+                Some(records) => removed += records,
+                None => break,
+            }
+        }
+        removed += crate::cleanup::in_batches(batch, |batch| {
             storage::delete_older(&self.pool, &self.consumer, retention, batch)
         })
-        .await
+        .await?;
+        Ok(removed)
     }
 }

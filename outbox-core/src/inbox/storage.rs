@@ -66,34 +66,40 @@ async fn insert_new(
     slot: i16,
 ) -> sqlx::Result<Vec<String>> {
     // In key order, so that two consumers of this version recording overlapping batches take
-    // the rows' locks in the same order and never deadlock. A message recorded in `inbox`
-    // (before the compact keys) is no new one. Of two ids of a batch sharing a key, one is
+    // the rows' locks in the same order and never deadlock. A message recorded in the tables
+    // before `inbox_entries` is no new one. Of two ids of a batch sharing a key, one is
     // recorded and the other is judged as a delivery of it (`count_copies`).
     sqlx::query_scalar!(
         r#"
         WITH m AS (
-            SELECT DISTINCT ON (key) message_id, digest, key
+            SELECT DISTINCT ON (key) message_id, digest, key, inbox_day(key) AS day
             FROM (
                 SELECT message_id, digest, inbox_key(message_id) AS key
                 FROM unnest($2::text[], $3::bytea[]) AS m(message_id, digest)
+                -- Kept a subquery, so that inbox_day is inlined on a column (given the
+                -- key's whole expression, PostgreSQL would call it as a function).
+                OFFSET 0
             ) AS keyed
             ORDER BY key, message_id
         ),
         inserted AS (
-            INSERT INTO inbox_records (consumer, key, digest)
-            SELECT $1, key, digest FROM m
+            INSERT INTO inbox_entries (consumer, key, day, digest)
+            SELECT $1, key, day, digest FROM m
             WHERE NOT EXISTS (
+                SELECT FROM inbox_records r WHERE r.consumer = $1 AND r.key = m.key
+            )
+            AND NOT EXISTS (
                 SELECT FROM inbox WHERE inbox.consumer = $1 AND inbox.message_id = m.message_id
             )
             ORDER BY key
-            ON CONFLICT (consumer, key) DO NOTHING
-            RETURNING key
+            ON CONFLICT (consumer, key, day) DO NOTHING
+            RETURNING key, day
         ),
         counted AS (
-            INSERT INTO inbox_counts (consumer, slot, processed)
-            SELECT $1, $4, count(*) FROM inserted HAVING count(*) > 0
-            ON CONFLICT (consumer, slot)
-            DO UPDATE SET processed = inbox_counts.processed + EXCLUDED.processed
+            INSERT INTO inbox_day_counts (consumer, day, slot, processed)
+            SELECT $1, day, $4, count(*) FROM inserted GROUP BY day ORDER BY day
+            ON CONFLICT (consumer, day, slot)
+            DO UPDATE SET processed = inbox_day_counts.processed + EXCLUDED.processed
         )
         SELECT m.message_id AS "message_id!" FROM m JOIN inserted USING (key)
         "#,
@@ -115,20 +121,38 @@ async fn count_copies(
     digests: &[&[u8]],
     slot: i16,
 ) -> sqlx::Result<Vec<String>> {
-    // A row from before digests were kept matches any copy. A message recorded in `inbox`
-    // counts its copies there, unless its key was taken here too (by the previous version's
-    // instances while they ran beside this one).
+    // A row from before digests were kept matches any copy. A message recorded in a table
+    // before `inbox_entries` counts its copies there (and in `inbox_counts`), unless its key
+    // was taken in a later table too (by the previous versions' instances while they ran
+    // beside this one).
     sqlx::query_scalar!(
         r#"
         WITH m AS (
-            SELECT message_id, digest, inbox_key(message_id) AS key
-            FROM unnest($2::text[], $3::bytea[]) AS m(message_id, digest)
+            SELECT message_id, digest, key, inbox_day(key) AS day
+            FROM (
+                SELECT message_id, digest, inbox_key(message_id) AS key
+                FROM unnest($2::text[], $3::bytea[]) AS m(message_id, digest)
+                -- Kept a subquery, so that inbox_day is inlined on a column (given the
+                -- key's whole expression, PostgreSQL would call it as a function).
+                OFFSET 0
+            ) AS keyed
+        ),
+        entries AS (
+            UPDATE inbox_entries e SET duplicates = e.duplicates + 1
+            FROM m
+            WHERE e.consumer = $1 AND e.key = m.key AND e.day = m.day
+              AND (e.digest IS NULL OR e.digest = m.digest)
+            RETURNING m.message_id, e.day
         ),
         keyed AS (
             UPDATE inbox_records r SET duplicates = r.duplicates + 1
             FROM m
             WHERE r.consumer = $1 AND r.key = m.key
               AND (r.digest IS NULL OR r.digest = m.digest)
+              AND NOT EXISTS (
+                  SELECT FROM inbox_entries e
+                  WHERE e.consumer = $1 AND e.key = m.key AND e.day = m.day
+              )
             RETURNING m.message_id
         ),
         named AS (
@@ -139,16 +163,28 @@ async fn count_copies(
               AND NOT EXISTS (
                   SELECT FROM inbox_records r WHERE r.consumer = $1 AND r.key = m.key
               )
+              AND NOT EXISTS (
+                  SELECT FROM inbox_entries e
+                  WHERE e.consumer = $1 AND e.key = m.key AND e.day = m.day
+              )
             RETURNING m.message_id
         ),
-        copies AS (SELECT message_id FROM keyed UNION ALL SELECT message_id FROM named),
+        before AS (SELECT message_id FROM keyed UNION ALL SELECT message_id FROM named),
         counted AS (
+            INSERT INTO inbox_day_counts (consumer, day, slot, duplicates)
+            SELECT $1, day, $4, count(*) FROM entries GROUP BY day ORDER BY day
+            ON CONFLICT (consumer, day, slot)
+            DO UPDATE SET duplicates = inbox_day_counts.duplicates + EXCLUDED.duplicates
+        ),
+        counted_before AS (
             INSERT INTO inbox_counts (consumer, slot, duplicates)
-            SELECT $1, $4, count(*) FROM copies HAVING count(*) > 0
+            SELECT $1, $4, count(*) FROM before HAVING count(*) > 0
             ON CONFLICT (consumer, slot)
             DO UPDATE SET duplicates = inbox_counts.duplicates + EXCLUDED.duplicates
         )
-        SELECT message_id AS "message_id!" FROM copies
+        SELECT message_id AS "message_id!" FROM entries
+        UNION ALL
+        SELECT message_id FROM before
         "#,
         consumer,
         ids as &[&str],
@@ -306,10 +342,12 @@ pub(crate) async fn stats(pool: &PgPool, consumer: &str, limit: i64) -> sqlx::Re
         InboxStats,
         r#"
         SELECT
-            COALESCE((SELECT sum(processed) FROM inbox_counts WHERE consumer = $1), 0)::bigint
-                AS "processed!",
-            COALESCE((SELECT sum(duplicates) FROM inbox_counts WHERE consumer = $1), 0)::bigint
-                AS "duplicate!",
+            (COALESCE((SELECT sum(processed) FROM inbox_counts WHERE consumer = $1), 0)
+             + COALESCE((SELECT sum(processed) FROM inbox_day_counts WHERE consumer = $1), 0)
+            )::bigint AS "processed!",
+            (COALESCE((SELECT sum(duplicates) FROM inbox_counts WHERE consumer = $1), 0)
+             + COALESCE((SELECT sum(duplicates) FROM inbox_day_counts WHERE consumer = $1), 0)
+            )::bigint AS "duplicate!",
             (SELECT count(*) FROM (
                 SELECT FROM inbox_dead WHERE consumer = $1 AND closed_at IS NULL LIMIT $2
             ) d) AS "dead!",
@@ -322,9 +360,28 @@ pub(crate) async fn stats(pool: &PgPool, consumer: &str, limit: i64) -> sqlx::Re
     .await
 }
 
-/// Deletes up to `batch` records of `consumer` older than `retention` from each inbox table,
-/// and takes them off the consumer's counts (a key taken for a record in `inbox` is counted
-/// there).
+/// Empties at most one partition of `inbox_entries` whose records are all older than the
+/// longest retention declared (declaring `retention` for `consumer`) and returns how many
+/// records it held, or `None` when no partition was ready.
+pub(crate) async fn age_out(
+    pool: &PgPool,
+    consumer: &str,
+    retention: Duration,
+) -> sqlx::Result<Option<u64>> {
+    let records = sqlx::query_scalar!(
+        r#"SELECT records AS "records!" FROM inbox_age_out($1, make_interval(secs => $2))"#,
+        consumer,
+        retention.as_secs_f64(),
+    )
+    .fetch_optional(pool)
+    .await?;
+    Ok(records.map(i64::unsigned_abs))
+}
+
+/// Deletes up to `batch` records of `consumer` older than `retention` from each inbox table
+/// (in `inbox_entries`, only those no partition's ageing-out will take: see the migration),
+/// and takes them off the consumer's counts (a record is counted in the table where it was
+/// first made).
 pub(crate) async fn delete_older(
     pool: &PgPool,
     consumer: &str,
@@ -333,7 +390,22 @@ pub(crate) async fn delete_older(
 ) -> sqlx::Result<u64> {
     let deleted = sqlx::query_scalar!(
         r#"
-        WITH keyed AS (
+        WITH entries AS (
+            DELETE FROM inbox_entries
+            WHERE (consumer, key, day) IN (
+                (SELECT consumer, key, day FROM inbox_entries
+                 WHERE consumer = $1 AND day = -1
+                   AND received_at < now() - make_interval(secs => $2)
+                 LIMIT $3)
+                UNION ALL
+                (SELECT consumer, key, day FROM inbox_entries
+                 WHERE consumer = $1 AND day >= 0 AND key < inbox_stale_below()
+                   AND received_at < now() - make_interval(secs => $2)
+                 LIMIT $3)
+            )
+            RETURNING day, duplicates, NOT from_previous AS was_counted
+        ),
+        keyed AS (
             DELETE FROM inbox_records
             WHERE (consumer, key) IN (
                 SELECT consumer, key FROM inbox_records
@@ -351,16 +423,24 @@ pub(crate) async fn delete_older(
             )
             RETURNING duplicates, true AS was_counted
         ),
-        gone AS (SELECT * FROM keyed UNION ALL SELECT * FROM named),
+        before AS (SELECT * FROM keyed UNION ALL SELECT * FROM named),
         counted AS (
+            INSERT INTO inbox_day_counts (consumer, day, slot, processed, duplicates)
+            SELECT $1, day, 0, -count(*) FILTER (WHERE was_counted), -sum(duplicates)
+            FROM entries GROUP BY day ORDER BY day
+            ON CONFLICT (consumer, day, slot) DO UPDATE
+            SET processed = inbox_day_counts.processed + EXCLUDED.processed,
+                duplicates = inbox_day_counts.duplicates + EXCLUDED.duplicates
+        ),
+        counted_before AS (
             INSERT INTO inbox_counts (consumer, slot, processed, duplicates)
             SELECT $1, 0, -count(*) FILTER (WHERE was_counted), -COALESCE(sum(duplicates), 0)
-            FROM gone HAVING count(*) > 0
+            FROM before HAVING count(*) > 0
             ON CONFLICT (consumer, slot) DO UPDATE
             SET processed = inbox_counts.processed + EXCLUDED.processed,
                 duplicates = inbox_counts.duplicates + EXCLUDED.duplicates
         )
-        SELECT count(*) AS "deleted!" FROM gone
+        SELECT (SELECT count(*) FROM entries) + (SELECT count(*) FROM before) AS "deleted!"
         "#,
         consumer,
         retention.as_secs_f64(),

@@ -7,8 +7,9 @@ use std::time::Duration;
 
 use async_nats::jetstream::{self, stream::Stream};
 use outbox_core::headers;
+use outbox_core::inbox::Digest;
 use outbox_core::publisher::{StreamSpec, ensure_stream};
-use outbox_core::{Backoff, JetStreamPublisher, NewEvent, RelayConfig};
+use outbox_core::{Backoff, Inbox, JetStreamPublisher, NewEvent, Outcome, RelayConfig};
 use sqlx::PgPool;
 
 /// Applies both of the crate's migrations.
@@ -121,4 +122,44 @@ pub async fn enqueue(pool: &PgPool, aggregate: &str, event_type: &str, payload: 
         .await
         .expect("enqueue");
     tx.commit().await.expect("commit");
+}
+
+/// Rows in `table`.
+pub async fn count(pool: &PgPool, table: &str) -> i64 {
+    let sql = format!("SELECT count(*) FROM {table}");
+    sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+/// A counter with no constraint behind it: the effect of the inbox tests that is not idempotent.
+pub async fn create_counter(pool: &PgPool) {
+    sqlx::raw_sql("CREATE TABLE counter (n int NOT NULL); INSERT INTO counter VALUES (0)")
+        .execute(pool)
+        .await
+        .unwrap();
+}
+
+/// Delivers message `id` with `digest` to `inbox`, whose effect adds one to the counter.
+pub async fn count_up(inbox: &Inbox, id: &str, digest: &Digest) -> Outcome<()> {
+    inbox
+        .process(id, digest, |conn| {
+            Box::pin(async move {
+                sqlx::query("UPDATE counter SET n = n + 1")
+                    .execute(conn)
+                    .await
+                    .map(drop)
+            })
+        })
+        .await
+        .unwrap()
+}
+
+/// The counter `count_up` adds to.
+pub async fn counter(pool: &PgPool) -> i32 {
+    sqlx::query_scalar("SELECT n FROM counter")
+        .fetch_one(pool)
+        .await
+        .unwrap()
 }

@@ -1,0 +1,168 @@
+//! The inbox's daily partitions against the real PostgreSQL: what ages out whole, what row by
+//! row, and what is kept.
+
+mod common;
+
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use common::{count, count_up, create_counter, migrate};
+use outbox_core::inbox::Digest;
+use outbox_core::{Inbox, Outcome};
+use sqlx::PgPool;
+
+const DAY_MS: i64 = 86_400_000;
+const WEEK: Duration = Duration::from_secs(7 * 86_400);
+
+/// Milliseconds since 1970 `days` days before the test began (read once, so that ids and
+/// partitions agree even if the test runs across midnight).
+fn ms_ago(days: i64) -> i64 {
+    static NOW: LazyLock<i64> = LazyLock::new(|| chrono::Utc::now().timestamp_millis());
+    *NOW - days * DAY_MS
+}
+
+/// The `n`th UUIDv7 (in canonical text, as the relay's ids) made `days` days ago.
+fn v7_id(days: i64, n: u64) -> String {
+    let ms = ms_ago(days);
+    format!("{:08x}-{:04x}-7000-8000-{n:012x}", ms >> 16, ms & 0xffff)
+}
+
+/// The partition holding the records of messages made `days` days ago.
+fn partition(days: i64) -> String {
+    format!("inbox_entries_d{:02}", ms_ago(days) / DAY_MS % 32)
+}
+
+/// Sets when the records of `ids` were received to `days` days ago.
+async fn received(pool: &PgPool, ids: &[&str], days: i64) {
+    sqlx::query(
+        "UPDATE inbox_entries SET received_at = now() - make_interval(days => $2)
+         WHERE key IN (SELECT inbox_key(id) FROM unnest($1::text[]) AS id)",
+    )
+    .bind(ids)
+    .bind(i32::try_from(days).unwrap())
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
+/// The file a table's rows are in: `TRUNCATE` gives it a new one, `DELETE` does not.
+async fn filenode(pool: &PgPool, table: &str) -> i64 {
+    sqlx::query_scalar("SELECT pg_relation_filenode($1::regclass)::bigint")
+        .bind(table)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+/// A day's partition is emptied whole (its file replaced, no row deleted) once every record in
+/// it is past the retention, and its counts go with it; a partition holding one record inside
+/// the retention keeps all of its records, and their copies stay duplicates.
+#[sqlx::test(migrations = false)]
+async fn a_days_partition_is_emptied_whole_once_all_its_records_are_past_the_retention(
+    pool: PgPool,
+) {
+    migrate(&pool).await;
+    create_counter(&pool).await;
+    let inbox = Inbox::new(pool.clone(), "billing");
+    let digest = Digest::of(&[b"body"]);
+    let (ten, nine) = ([v7_id(10, 1), v7_id(10, 2)], [v7_id(9, 1), v7_id(9, 2)]);
+    for id in ten.iter().chain(&nine) {
+        assert_eq!(count_up(&inbox, id, &digest).await, Outcome::Processed(()));
+    }
+    // Received when they were made, but for one received late: just now.
+    received(&pool, &[&ten[0], &ten[1], &nine[0]], 10).await;
+    let file = filenode(&pool, &partition(10)).await;
+
+    assert_eq!(inbox.cleanup(WEEK, 100).await.unwrap(), 2);
+    assert_ne!(filenode(&pool, &partition(10)).await, file, "emptied whole");
+    assert_eq!(count(&pool, &partition(10)).await, 0);
+    assert_eq!(count(&pool, &partition(9)).await, 2);
+    assert_eq!(inbox.stats().await.unwrap().processed, 2);
+    for id in &nine {
+        assert_eq!(
+            count_up(&inbox, id, &digest).await,
+            Outcome::Duplicate,
+            "{id}"
+        );
+    }
+    // Nothing else is ready: the next round empties nothing.
+    assert_eq!(inbox.cleanup(WEEK, 100).await.unwrap(), 0);
+    assert_eq!(count(&pool, &partition(9)).await, 2);
+}
+
+/// A record the ring has come round to again (its message made 31 or more days ago, received
+/// long after) is deleted row by row once past the retention, so it never holds a partition for
+/// ever; the records of the partition's current day stay, and so does one made as long ago
+/// but received inside the retention.
+#[sqlx::test(migrations = false)]
+async fn records_of_an_earlier_round_of_the_ring_are_deleted_row_by_row(pool: PgPool) {
+    migrate(&pool).await;
+    create_counter(&pool).await;
+    let inbox = Inbox::new(pool.clone(), "billing");
+    let digest = Digest::of(&[b"body"]);
+    let (stale, late, current) = (v7_id(40, 1), v7_id(40, 2), v7_id(8, 1));
+    assert_eq!(partition(40), partition(8), "one partition, 32 days apart");
+    for id in [&stale, &late, &current] {
+        assert_eq!(count_up(&inbox, id, &digest).await, Outcome::Processed(()));
+    }
+    received(&pool, &[&stale], 20).await;
+    let file = filenode(&pool, &partition(8)).await;
+
+    assert_eq!(inbox.cleanup(WEEK, 100).await.unwrap(), 1);
+    assert_eq!(filenode(&pool, &partition(8)).await, file, "not emptied");
+    assert_eq!(count(&pool, &partition(8)).await, 2);
+    assert_eq!(inbox.stats().await.unwrap().processed, 2);
+    assert_eq!(count_up(&inbox, &late, &digest).await, Outcome::Duplicate);
+    assert_eq!(
+        count_up(&inbox, &current, &digest).await,
+        Outcome::Duplicate
+    );
+}
+
+/// Records of ids that are no UUIDv7 share one partition, which is never emptied whole: its
+/// records are deleted row by row as before.
+#[sqlx::test(migrations = false)]
+async fn records_of_other_ids_age_out_row_by_row(pool: PgPool) {
+    migrate(&pool).await;
+    create_counter(&pool).await;
+    let inbox = Inbox::new(pool.clone(), "billing");
+    let digest = Digest::of(&[b"body"]);
+    let v4 = "0193a0c4-7d1e-4c3b-9f1a-000000000001";
+    for id in ["order-1", "order-2", v4] {
+        assert_eq!(count_up(&inbox, id, &digest).await, Outcome::Processed(()));
+    }
+    received(&pool, &["order-1", v4], 10).await;
+    let file = filenode(&pool, "inbox_entries_other").await;
+
+    assert_eq!(inbox.cleanup(WEEK, 1).await.unwrap(), 2);
+    assert_eq!(filenode(&pool, "inbox_entries_other").await, file);
+    assert_eq!(count(&pool, "inbox_entries_other").await, 1);
+    assert_eq!(inbox.stats().await.unwrap().processed, 1);
+}
+
+/// Partitions are shared by every consumer of the database: one is emptied only when the
+/// longest retention any consumer's cleanup declared has passed, so no consumer loses records
+/// its own retention keeps.
+#[sqlx::test(migrations = false)]
+async fn a_partition_waits_for_the_longest_retention_declared(pool: PgPool) {
+    migrate(&pool).await;
+    create_counter(&pool).await;
+    let billing = Inbox::new(pool.clone(), "billing");
+    let audit = Inbox::new(pool.clone(), "audit");
+    let digest = Digest::of(&[b"body"]);
+    let id = v7_id(10, 1);
+    for inbox in [&billing, &audit] {
+        assert_eq!(count_up(inbox, &id, &digest).await, Outcome::Processed(()));
+    }
+    received(&pool, &[&id], 10).await;
+
+    assert_eq!(audit.cleanup(4 * WEEK, 100).await.unwrap(), 0);
+    assert_eq!(billing.cleanup(WEEK, 100).await.unwrap(), 0);
+    assert_eq!(count_up(&audit, &id, &digest).await, Outcome::Duplicate);
+    // Once audit keeps records a week too, the partition goes, with both consumers' records.
+    assert_eq!(audit.cleanup(WEEK, 100).await.unwrap(), 2);
+    assert_eq!(count(&pool, &partition(10)).await, 0);
+    for inbox in [&billing, &audit] {
+        assert_eq!(inbox.stats().await.unwrap().processed, 0);
+    }
+}
