@@ -2,7 +2,7 @@
 
 mod common;
 
-use common::{count, count_up, counter, create_counter, migrate};
+use common::{count, count_up, counter, create_counter, migrate, v7_id};
 use outbox_core::inbox::{self, Digest, NewDeadLetter};
 use outbox_core::{Inbox, InboxError, Outcome, headers};
 use sqlx::PgPool;
@@ -532,7 +532,7 @@ impl Previous {
 /// first; the cleanup ages out every table and the counts come back to zero.
 #[sqlx::test(migrations = false)]
 async fn records_of_the_version_by_ids_keep_their_copies_out(pool: PgPool) {
-    previous_version_beside_this_one(pool, Previous::ByIds).await;
+    previous_version_beside_this_one(pool, Previous::ByIds, &HASHED).await;
 }
 
 /// The same for the move to daily partitions: records the previous version made in
@@ -540,10 +540,25 @@ async fn records_of_the_version_by_ids_keep_their_copies_out(pool: PgPool) {
 /// beside this one, both versions' records of a message meet on one primary key.
 #[sqlx::test(migrations = false)]
 async fn records_of_the_version_by_keys_keep_their_copies_out(pool: PgPool) {
-    previous_version_beside_this_one(pool, Previous::ByKeys).await;
+    previous_version_beside_this_one(pool, Previous::ByKeys, &HASHED).await;
 }
 
-async fn previous_version_beside_this_one(pool: PgPool, previous: Previous) {
+/// The same with the relay's ids, UUIDv7: the records both versions made of a message are
+/// emptied with their day's partition, and every count comes off once.
+#[sqlx::test(migrations = false)]
+async fn records_of_the_version_by_keys_of_the_relays_ids_keep_their_copies_out(pool: PgPool) {
+    let ids = [v7_id(0, 1), v7_id(0, 2), v7_id(0, 3), v7_id(0, 4)];
+    let ids = ids.each_ref().map(String::as_str);
+    previous_version_beside_this_one(pool, Previous::ByKeys, &ids).await;
+}
+
+/// Ids keyed by their SHA-256: the one partition of records of other ids.
+const HASHED: [&str; 4] = ["before", "old-first", "new-first", "together"];
+
+/// The previous version beside this one, with messages `ids`: recorded by the previous version
+/// before the migration, by it first, by this one first, by both at once.
+async fn previous_version_beside_this_one(pool: PgPool, previous: Previous, ids: &[&str; 4]) {
+    let [before, old_first, new_first, together] = *ids;
     migrate(&pool).await;
     create_counter(&pool).await;
     let inbox = Inbox::new(pool.clone(), "billing");
@@ -557,38 +572,35 @@ async fn previous_version_beside_this_one(pool: PgPool, previous: Previous) {
         .execute(&mut *conn)
         .await
         .unwrap();
-    previous.record(&mut conn, "before", &digest).await.unwrap();
+    previous.record(&mut conn, before, &digest).await.unwrap();
     sqlx::query(sqlx::AssertSqlSafe(trigger_is("ENABLE")))
         .execute(&mut *conn)
         .await
         .unwrap();
-    assert_eq!(
-        count_up(&inbox, "before", &digest).await,
-        Outcome::Duplicate
-    );
+    assert_eq!(count_up(&inbox, before, &digest).await, Outcome::Duplicate);
     let other = Digest::of(&[b"other body"]);
-    assert_eq!(count_up(&inbox, "before", &other).await, Outcome::IdReused);
+    assert_eq!(count_up(&inbox, before, &other).await, Outcome::IdReused);
 
     // The previous version beside this one, committing first: its record is seen.
     assert_eq!(
         previous
-            .record(&mut conn, "old-first", &digest)
+            .record(&mut conn, old_first, &digest)
             .await
             .unwrap(),
         1
     );
     assert_eq!(
-        count_up(&inbox, "old-first", &digest).await,
+        count_up(&inbox, old_first, &digest).await,
         Outcome::Duplicate
     );
     // This one committing first: the previous version's record of it fails (and is retried
     // there) instead of applying the message again.
     assert_eq!(
-        count_up(&inbox, "new-first", &digest).await,
+        count_up(&inbox, new_first, &digest).await,
         Outcome::Processed(())
     );
     let refused = previous
-        .record(&mut conn, "new-first", &digest)
+        .record(&mut conn, new_first, &digest)
         .await
         .unwrap_err();
     assert_eq!(
@@ -601,13 +613,11 @@ async fn previous_version_beside_this_one(pool: PgPool, previous: Previous) {
     // Both at once: this one's record waits on the previous version's open transaction and,
     // once that commits, finds the message recorded.
     let mut open = pool.begin().await.unwrap();
-    previous
-        .record(&mut open, "together", &digest)
-        .await
-        .unwrap();
+    previous.record(&mut open, together, &digest).await.unwrap();
     let racing = {
         let inbox = inbox.clone();
-        tokio::spawn(async move { count_up(&inbox, "together", &digest).await })
+        let together = together.to_owned();
+        tokio::spawn(async move { count_up(&inbox, &together, &digest).await })
     };
     outbox_core::testing::eventually(
         "the inbox waiting on the open record",

@@ -3,29 +3,14 @@
 
 mod common;
 
-use std::sync::LazyLock;
 use std::time::Duration;
 
-use common::{count, count_up, create_counter, migrate};
+use common::{DAY_MS, count, count_up, create_counter, migrate, ms_ago, v7_id};
 use outbox_core::inbox::Digest;
 use outbox_core::{Inbox, Outcome};
 use sqlx::PgPool;
 
-const DAY_MS: i64 = 86_400_000;
 const WEEK: Duration = Duration::from_secs(7 * 86_400);
-
-/// Milliseconds since 1970 `days` days before the test began (read once, so that ids and
-/// partitions agree even if the test runs across midnight).
-fn ms_ago(days: i64) -> i64 {
-    static NOW: LazyLock<i64> = LazyLock::new(|| chrono::Utc::now().timestamp_millis());
-    *NOW - days * DAY_MS
-}
-
-/// The `n`th UUIDv7 (in canonical text, as the relay's ids) made `days` days ago.
-fn v7_id(days: i64, n: u64) -> String {
-    let ms = ms_ago(days);
-    format!("{:08x}-{:04x}-7000-8000-{n:012x}", ms >> 16, ms & 0xffff)
-}
 
 /// The partition holding the records of messages made `days` days ago.
 fn partition(days: i64) -> String {
@@ -141,8 +126,9 @@ async fn records_of_other_ids_age_out_row_by_row(pool: PgPool) {
 }
 
 /// Partitions are shared by every consumer of the database: one is emptied only when the
-/// longest retention any consumer's cleanup declared has passed, so no consumer loses records
-/// its own retention keeps.
+/// longest retention any consumer's cleanup declared has passed, and never while it holds a
+/// record of a consumer that declared none, so no consumer loses records its own retention
+/// (or its having no cleanup) keeps.
 #[sqlx::test(migrations = false)]
 async fn a_partition_waits_for_the_longest_retention_declared(pool: PgPool) {
     migrate(&pool).await;
@@ -154,15 +140,54 @@ async fn a_partition_waits_for_the_longest_retention_declared(pool: PgPool) {
     for inbox in [&billing, &audit] {
         assert_eq!(count_up(inbox, &id, &digest).await, Outcome::Processed(()));
     }
-    received(&pool, &[&id], 10).await;
+    let (ledger, other) = (Inbox::new(pool.clone(), "ledger"), v7_id(10, 2));
+    assert_eq!(
+        count_up(&ledger, &other, &digest).await,
+        Outcome::Processed(())
+    );
+    received(&pool, &[&id, &other], 10).await;
 
-    assert_eq!(audit.cleanup(4 * WEEK, 100).await.unwrap(), 0);
+    // ledger runs no cleanup (yet): its record holds the partition.
     assert_eq!(billing.cleanup(WEEK, 100).await.unwrap(), 0);
+    assert_eq!(count_up(&ledger, &other, &digest).await, Outcome::Duplicate);
+    // audit keeps records four weeks: nobody's cleanup empties the partition.
+    assert_eq!(audit.cleanup(4 * WEEK, 100).await.unwrap(), 0);
+    for inbox in [&ledger, &billing] {
+        assert_eq!(inbox.cleanup(WEEK, 100).await.unwrap(), 0);
+    }
     assert_eq!(count_up(&audit, &id, &digest).await, Outcome::Duplicate);
-    // Once audit keeps records a week too, the partition goes, with both consumers' records.
-    assert_eq!(audit.cleanup(WEEK, 100).await.unwrap(), 2);
+    // Once audit keeps records a week too, the partition goes, with every consumer's records.
+    assert_eq!(audit.cleanup(WEEK, 100).await.unwrap(), 3);
     assert_eq!(count(&pool, &partition(10)).await, 0);
-    for inbox in [&billing, &audit] {
+    for inbox in [&billing, &audit, &ledger] {
         assert_eq!(inbox.stats().await.unwrap().processed, 0);
     }
+}
+
+/// A partition another transaction holds is left for a later round, not waited for: the
+/// cleanup goes on (and deletes what it deletes row by row) instead of failing or stalling.
+#[sqlx::test(migrations = false)]
+async fn a_partition_in_use_is_left_for_a_later_round(pool: PgPool) {
+    migrate(&pool).await;
+    create_counter(&pool).await;
+    let inbox = Inbox::new(pool.clone(), "billing");
+    let digest = Digest::of(&[b"body"]);
+    let id = v7_id(10, 1);
+    for id in [id.as_str(), "order-1"] {
+        assert_eq!(count_up(&inbox, id, &digest).await, Outcome::Processed(()));
+    }
+    received(&pool, &[&id, "order-1"], 10).await;
+    let mut reader = pool.begin().await.unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "LOCK TABLE {} IN ACCESS SHARE MODE",
+        partition(10)
+    )))
+    .execute(&mut *reader)
+    .await
+    .unwrap();
+
+    assert_eq!(inbox.cleanup(WEEK, 100).await.unwrap(), 1, "order-1 only");
+    reader.rollback().await.unwrap();
+    assert_eq!(inbox.cleanup(WEEK, 100).await.unwrap(), 1);
+    assert_eq!(count(&pool, "inbox_entries").await, 0);
 }

@@ -48,7 +48,9 @@ CREATE TABLE inbox_entries (
     from_previous BOOLEAN     NOT NULL DEFAULT false,
     -- SHA-256 of the message's type and body, telling a copy from an id reused.
     digest        BYTEA,
-    PRIMARY KEY (consumer, key, day)
+    PRIMARY KEY (consumer, key, day),
+    -- What makes (consumer, key, day) unique exactly when (consumer, key) is.
+    CHECK (day = inbox_day(key))
 ) PARTITION BY LIST (day);
 CREATE INDEX inbox_entries_received_at ON inbox_entries (received_at);
 
@@ -75,51 +77,78 @@ CREATE TABLE inbox_day_counts (
 );
 
 -- The retention each consumer's cleanup last declared: a partition is shared by every consumer
--- of the database, so it is emptied only when the longest of them has passed. Delete the row
--- of a consumer that is gone for good.
+-- of the database, so it is emptied only when the longest of them has passed, and never while
+-- it holds a record of a consumer that declared none (one without a cleanup keeps its records).
+-- Delete the row of a consumer that is gone for good.
 CREATE TABLE inbox_retentions (
     consumer  TEXT     PRIMARY KEY,
     retention INTERVAL NOT NULL
 );
 
 -- Declares `for_consumer`'s retention and empties at most one partition of days whose records
--- are all older than the longest retention declared; returns its day and how many records
--- this version had counted in it. Runs as the tables' owner, so that a role that may not
--- TRUNCATE (a least-privileged service) can age out what it could delete row by row anyway.
--- A partition another transaction holds is left for a later round rather than waited for.
+-- are all older than the longest retention declared and whose consumers all declared one;
+-- returns its day and how many records this version had counted in it (every consumer's).
+-- Runs as the tables' owner, so that a role that may not TRUNCATE (a least-privileged service)
+-- can age out what it could delete row by row anyway. One caller at a time; a partition
+-- another transaction holds is left for a later round rather than waited for.
 CREATE FUNCTION inbox_age_out(for_consumer TEXT, kept_for INTERVAL)
 RETURNS TABLE (emptied_day SMALLINT, records BIGINT)
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path FROM CURRENT
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET lock_timeout = '100ms'
 AS $$
 DECLARE
-    keep    INTERVAL;
-    newest  TIMESTAMPTZ;
-    part    TEXT;
+    keep     INTERVAL;
+    newest   TIMESTAMPTZ;
+    unknown  BOOLEAN;
+    part     TEXT;
 BEGIN
     INSERT INTO inbox_retentions AS r (consumer, retention) VALUES (for_consumer, kept_for)
     ON CONFLICT (consumer) DO UPDATE SET retention = EXCLUDED.retention
     WHERE r.retention <> EXCLUDED.retention;
+    IF NOT pg_try_advisory_xact_lock(hashtextextended('inbox_age_out', 0)) THEN
+        RETURN;
+    END IF;
     SELECT max(r.retention) INTO keep FROM inbox_retentions AS r;
-    PERFORM set_config('lock_timeout', '100ms', true);
     FOR d IN 0..31 LOOP
         part := format('inbox_entries_d%s', lpad(d::text, 2, '0'));
-        EXECUTE format('SELECT max(received_at) FROM %I', part) INTO newest;
-        CONTINUE WHEN newest IS NULL OR newest >= now() - keep;
         BEGIN
+            EXECUTE format('SELECT max(received_at) FROM %I', part) INTO newest;
+            CONTINUE WHEN newest IS NULL OR newest >= now() - keep;
             EXECUTE format('LOCK TABLE %I IN ACCESS EXCLUSIVE MODE', part);
+            -- Again under the lock: a record may have arrived meanwhile.
+            EXECUTE format('SELECT max(received_at) FROM %I', part) INTO newest;
+            CONTINUE WHEN newest IS NULL OR newest >= now() - keep;
+            -- The partition's consumers, one index probe each.
+            EXECUTE format(
+                'WITH RECURSIVE c AS (
+                     (SELECT consumer FROM %1$I ORDER BY consumer LIMIT 1)
+                     UNION ALL
+                     SELECT (SELECT e.consumer FROM %1$I AS e WHERE e.consumer > c.consumer
+                             ORDER BY e.consumer LIMIT 1)
+                     FROM c WHERE c.consumer IS NOT NULL
+                 )
+                 SELECT EXISTS (
+                     SELECT FROM c WHERE c.consumer IS NOT NULL AND NOT EXISTS (
+                         SELECT FROM inbox_retentions AS r WHERE r.consumer = c.consumer))',
+                part) INTO unknown;
+            CONTINUE WHEN unknown;
+            emptied_day := d;
+            WITH gone AS (DELETE FROM inbox_day_counts AS c WHERE c.day = d RETURNING c.processed)
+            SELECT COALESCE(sum(processed), 0) INTO records FROM gone;
+            EXECUTE format('TRUNCATE %I', part);
+            RETURN NEXT;
+            RETURN;
         EXCEPTION WHEN lock_not_available THEN
             CONTINUE;
         END;
-        -- Again under the lock: a record may have arrived meanwhile.
-        EXECUTE format('SELECT max(received_at) FROM %I', part) INTO newest;
-        CONTINUE WHEN newest IS NULL OR newest >= now() - keep;
-        emptied_day := d;
-        WITH gone AS (DELETE FROM inbox_day_counts AS c WHERE c.day = d RETURNING c.processed)
-        SELECT COALESCE(sum(processed), 0) INTO records FROM gone;
-        EXECUTE format('TRUNCATE %I', part);
-        RETURN NEXT;
-        RETURN;
     END LOOP;
+END
+$$;
+-- The schema the tables are in, then pg_temp: a caller's temporary table of the same name is
+-- never read instead of them.
+DO $$
+BEGIN
+    EXECUTE format('ALTER FUNCTION inbox_age_out(TEXT, INTERVAL) SET search_path = %I, pg_temp',
+                   current_schema());
 END
 $$;
 REVOKE EXECUTE ON FUNCTION inbox_age_out(TEXT, INTERVAL) FROM PUBLIC;

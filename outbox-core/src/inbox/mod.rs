@@ -487,14 +487,16 @@ impl Inbox {
         Ok(stats)
     }
 
-    /// Ages out inbox records older than `retention` and returns how many went: the
-    /// partitions of days whose records are all that old are emptied whole, the rest (records
-    /// of ids that are no UUIDv7, of the tables before the partitions, and any a partition
-    /// cannot take in time) are deleted `batch` rows of each table per statement (a `batch`
-    /// below 1 counts as 1). Partitions are shared by every consumer of the database, so one
-    /// is emptied only when the longest retention any consumer's cleanup declared has passed.
-    /// Keep `retention` longer than any redelivery can arrive: a message redelivered after its
-    /// record is gone would be applied again.
+    /// Ages out inbox records older than `retention`: the partitions of days whose records
+    /// are all that old are emptied whole, the rest (records of ids that are no UUIDv7, of the
+    /// tables before the partitions, and any a partition cannot take in time) are deleted
+    /// `batch` rows of each table per statement (a `batch` below 1 counts as 1). Returns the
+    /// records deleted plus those counted in the partitions emptied (every consumer's).
+    ///
+    /// Partitions are shared by every consumer of the database: one is emptied only when the
+    /// longest retention any consumer's cleanup declared has passed, and never while it holds
+    /// a record of a consumer that declared none. Keep `retention` longer than any redelivery
+    /// can arrive: a message redelivered after its record is gone would be applied again.
     pub async fn cleanup(&self, retention: Duration, batch: i64) -> sqlx::Result<u64> {
         let mut removed = 0;
         // Bounded: the ring has 32 partitions, one emptied per statement.

@@ -113,7 +113,9 @@ async fn insert_new(
 }
 
 /// Counts a duplicate on the records of `ids` whose digest matches (or was not kept) and
-/// returns those ids, counting them in `slot`.
+/// returns those ids, counting them in `slot` (in `inbox_day_counts`, beyond the slots of
+/// `insert_new`, so that two transactions recording batches that span the same days do not
+/// take each other's count rows in opposite orders).
 async fn count_copies(
     conn: &mut PgConnection,
     consumer: &str,
@@ -172,7 +174,7 @@ async fn count_copies(
         before AS (SELECT message_id FROM keyed UNION ALL SELECT message_id FROM named),
         counted AS (
             INSERT INTO inbox_day_counts (consumer, day, slot, duplicates)
-            SELECT $1, day, $4, count(*) FROM entries GROUP BY day ORDER BY day
+            SELECT $1, day, $4::smallint + $5::smallint, count(*) FROM entries GROUP BY day ORDER BY day
             ON CONFLICT (consumer, day, slot)
             DO UPDATE SET duplicates = inbox_day_counts.duplicates + EXCLUDED.duplicates
         ),
@@ -190,6 +192,7 @@ async fn count_copies(
         ids as &[&str],
         digests as &[&[u8]],
         slot,
+        super::COUNT_SLOTS.cast_signed(),
     )
     .fetch_all(conn)
     .await
@@ -381,7 +384,7 @@ pub(crate) async fn age_out(
 /// Deletes up to `batch` records of `consumer` older than `retention` from each inbox table
 /// (in `inbox_entries`, only those no partition's ageing-out will take: see the migration),
 /// and takes them off the consumer's counts (a record is counted in the table where it was
-/// first made).
+/// first made; in `inbox_day_counts`, in a slot of the cleanup's own).
 pub(crate) async fn delete_older(
     pool: &PgPool,
     consumer: &str,
@@ -426,7 +429,7 @@ pub(crate) async fn delete_older(
         before AS (SELECT * FROM keyed UNION ALL SELECT * FROM named),
         counted AS (
             INSERT INTO inbox_day_counts (consumer, day, slot, processed, duplicates)
-            SELECT $1, day, 0, -count(*) FILTER (WHERE was_counted), -sum(duplicates)
+            SELECT $1, day, -1, -count(*) FILTER (WHERE was_counted), -sum(duplicates)
             FROM entries GROUP BY day ORDER BY day
             ON CONFLICT (consumer, day, slot) DO UPDATE
             SET processed = inbox_day_counts.processed + EXCLUDED.processed,

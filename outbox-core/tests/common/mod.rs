@@ -3,6 +3,7 @@
 
 #![allow(dead_code, unreachable_pub)]
 
+use std::sync::LazyLock;
 use std::time::Duration;
 
 use async_nats::jetstream::{self, stream::Stream};
@@ -162,4 +163,20 @@ pub async fn counter(pool: &PgPool) -> i32 {
         .fetch_one(pool)
         .await
         .unwrap()
+}
+
+/// A day in milliseconds.
+pub const DAY_MS: i64 = 86_400_000;
+
+/// Milliseconds since 1970 `days` days before the test began (read once, so that ids and
+/// partitions agree even if the test runs across midnight).
+pub fn ms_ago(days: i64) -> i64 {
+    static NOW: LazyLock<i64> = LazyLock::new(|| chrono::Utc::now().timestamp_millis());
+    *NOW - days * DAY_MS
+}
+
+/// The `n`th UUIDv7 (in canonical text, as the relay's ids) made `days` days ago.
+pub fn v7_id(days: i64, n: u64) -> String {
+    let ms = ms_ago(days);
+    format!("{:08x}-{:04x}-7000-8000-{n:012x}", ms >> 16, ms & 0xffff)
 }
