@@ -164,8 +164,9 @@ async fn a_partition_waits_for_the_longest_retention_declared(pool: PgPool) {
     }
 }
 
-/// A partition another transaction holds is left for a later round, not waited for: the
-/// cleanup goes on (and deletes what it deletes row by row) instead of failing or stalling.
+/// A partition another transaction holds (for longer than the age-out's 100 ms lock timeout)
+/// is left for a later round: the cleanup goes on (and deletes what it deletes row by row)
+/// instead of failing or stalling.
 #[sqlx::test(migrations = false)]
 async fn a_partition_in_use_is_left_for_a_later_round(pool: PgPool) {
     migrate(&pool).await;
@@ -190,4 +191,42 @@ async fn a_partition_in_use_is_left_for_a_later_round(pool: PgPool) {
     reader.rollback().await.unwrap();
     assert_eq!(inbox.cleanup(WEEK, 100).await.unwrap(), 1);
     assert_eq!(count(&pool, "inbox_entries").await, 0);
+}
+
+/// Instances of one consumer whose cleanups run at once (their timers lined up) both finish
+/// their round, one emptying the partition; and a database whose transactions default to
+/// REPEATABLE READ ages out as well (the age-out runs at READ COMMITTED, as it must).
+#[sqlx::test(migrations = false)]
+async fn cleanups_at_once_and_under_another_isolation_level_succeed(pool: PgPool) {
+    migrate(&pool).await;
+    create_counter(&pool).await;
+    sqlx::raw_sql(
+        "DO $$ BEGIN EXECUTE format(
+             'ALTER DATABASE %I SET default_transaction_isolation = ''repeatable read''',
+             current_database()); END $$",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    // New connections, which take the database's default.
+    let pool = PgPool::connect_with(pool.connect_options().as_ref().clone())
+        .await
+        .unwrap();
+    let isolation: String = sqlx::query_scalar("SHOW transaction_isolation")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(isolation, "repeatable read");
+    let (one, two) = (
+        Inbox::new(pool.clone(), "billing"),
+        Inbox::new(pool.clone(), "billing"),
+    );
+    let digest = Digest::of(&[b"body"]);
+    let id = v7_id(10, 1);
+    assert_eq!(count_up(&one, &id, &digest).await, Outcome::Processed(()));
+    received(&pool, &[&id], 10).await;
+
+    let (a, b) = tokio::join!(one.cleanup(WEEK, 100), two.cleanup(WEEK, 100));
+    assert_eq!(a.unwrap() + b.unwrap(), 1);
+    assert_eq!(count(&pool, &partition(10)).await, 0);
 }

@@ -50,7 +50,7 @@ CREATE TABLE inbox_entries (
     digest        BYTEA,
     -- Unique exactly when (consumer, key) is, as long as every writer sets day = inbox_day(key)
     -- (the crate's statements and the trigger below do). Not a CHECK: with one, a transaction
-    -- recording one message ran 14–16% slower (pgbench, one client).
+    -- recording one message ran 14–16% slower on average (pgbench, one client).
     PRIMARY KEY (consumer, key, day)
 ) PARTITION BY LIST (day);
 CREATE INDEX inbox_entries_received_at ON inbox_entries (received_at);
@@ -90,55 +90,67 @@ CREATE TABLE inbox_retentions (
 -- are all older than the longest retention declared and whose consumers all declared one;
 -- returns its day and how many records this version had counted in it (every consumer's).
 -- Runs as the tables' owner, so that a role that may not TRUNCATE (a least-privileged service)
--- can age out what it could delete row by row anyway. One caller at a time; a partition
--- another transaction holds is left for a later round rather than waited for.
+-- can age out what it could delete row by row anyway. One caller at a time (another returns at
+-- once, declaring nothing); a partition another transaction holds for more than 100 ms is left
+-- for a later round. It must run at READ COMMITTED: what it reads under a partition's lock
+-- must include what committed before it.
 CREATE FUNCTION inbox_age_out(for_consumer TEXT, kept_for INTERVAL)
 RETURNS TABLE (emptied_day SMALLINT, records BIGINT)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET lock_timeout = '100ms'
 AS $$
 DECLARE
-    keep     INTERVAL;
     newest   TIMESTAMPTZ;
-    unknown  BOOLEAN;
+    ready    BOOLEAN;
     part     TEXT;
 BEGIN
-    INSERT INTO inbox_retentions AS r (consumer, retention) VALUES (for_consumer, kept_for)
-    ON CONFLICT (consumer) DO UPDATE SET retention = EXCLUDED.retention
-    WHERE r.retention <> EXCLUDED.retention;
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION 'inbox_age_out must run at READ COMMITTED, not %',
+            current_setting('transaction_isolation');
+    END IF;
     IF NOT pg_try_advisory_xact_lock(hashtextextended('inbox_age_out', 0)) THEN
         RETURN;
     END IF;
-    SELECT max(r.retention) INTO keep FROM inbox_retentions AS r;
+    INSERT INTO inbox_retentions AS r (consumer, retention) VALUES (for_consumer, kept_for)
+    ON CONFLICT (consumer) DO UPDATE SET retention = EXCLUDED.retention
+    WHERE r.retention <> EXCLUDED.retention;
     FOR d IN 0..31 LOOP
         part := format('inbox_entries_d%s', lpad(d::text, 2, '0'));
         BEGIN
-            EXECUTE format('SELECT max(received_at) FROM %I', part) INTO newest;
-            CONTINUE WHEN newest IS NULL OR newest >= now() - keep;
-            EXECUTE format('LOCK TABLE %I IN ACCESS EXCLUSIVE MODE', part);
-            -- Again under the lock: a record may have arrived meanwhile.
-            EXECUTE format('SELECT max(received_at) FROM %I', part) INTO newest;
-            CONTINUE WHEN newest IS NULL OR newest >= now() - keep;
-            -- The partition's consumers, one index probe each.
-            EXECUTE format(
-                'WITH RECURSIVE c AS (
-                     (SELECT consumer FROM %1$I ORDER BY consumer LIMIT 1)
-                     UNION ALL
-                     SELECT (SELECT e.consumer FROM %1$I AS e WHERE e.consumer > c.consumer
-                             ORDER BY e.consumer LIMIT 1)
-                     FROM c WHERE c.consumer IS NOT NULL
-                 )
-                 SELECT EXISTS (
-                     SELECT FROM c WHERE c.consumer IS NOT NULL AND NOT EXISTS (
-                         SELECT FROM inbox_retentions AS r WHERE r.consumer = c.consumer))',
-                part) INTO unknown;
-            CONTINUE WHEN unknown;
+            -- Once before the lock, so as not to take it in vain, and again under it: a record
+            -- or a declaration may have come meanwhile. One statement, so that the records,
+            -- their consumers and the retentions are read in one snapshot.
+            FOR attempt IN 1..2 LOOP
+                IF attempt = 2 THEN
+                    EXECUTE format('LOCK TABLE %I IN ACCESS EXCLUSIVE MODE', part);
+                END IF;
+                EXECUTE format(
+                    'WITH RECURSIVE c AS (
+                         (SELECT consumer FROM %1$I ORDER BY consumer LIMIT 1)
+                         UNION ALL
+                         SELECT (SELECT e.consumer FROM %1$I AS e WHERE e.consumer > c.consumer
+                                 ORDER BY e.consumer LIMIT 1)
+                         FROM c WHERE c.consumer IS NOT NULL
+                     )
+                     SELECT (SELECT max(received_at) FROM %1$I)
+                                < now() - (SELECT max(retention) FROM inbox_retentions)
+                        AND NOT EXISTS (
+                            SELECT FROM c WHERE c.consumer IS NOT NULL AND NOT EXISTS (
+                                SELECT FROM inbox_retentions AS r
+                                WHERE r.consumer = c.consumer))',
+                    part) INTO ready;
+                IF ready IS NOT TRUE THEN
+                    -- Empty, too new, or a consumer without a retention: undone, so that a
+                    -- lock taken for it is let go at once.
+                    RAISE SQLSTATE 'IA001';
+                END IF;
+            END LOOP;
             emptied_day := d;
             WITH gone AS (DELETE FROM inbox_day_counts AS c WHERE c.day = d RETURNING c.processed)
             SELECT COALESCE(sum(processed), 0) INTO records FROM gone;
             EXECUTE format('TRUNCATE %I', part);
             RETURN NEXT;
             RETURN;
-        EXCEPTION WHEN lock_not_available THEN
+        EXCEPTION WHEN lock_not_available OR SQLSTATE 'IA001' THEN
             CONTINUE;
         END;
     END LOOP;

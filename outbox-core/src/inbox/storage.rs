@@ -371,13 +371,20 @@ pub(crate) async fn age_out(
     consumer: &str,
     retention: Duration,
 ) -> sqlx::Result<Option<u64>> {
+    // At READ COMMITTED whatever the database's default: the function reads, under a
+    // partition's lock, what committed before it.
+    let mut tx = pool.begin().await?;
+    sqlx::query!("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
+        .execute(&mut *tx)
+        .await?;
     let records = sqlx::query_scalar!(
         r#"SELECT records AS "records!" FROM inbox_age_out($1, make_interval(secs => $2))"#,
         consumer,
         retention.as_secs_f64(),
     )
-    .fetch_optional(pool)
+    .fetch_optional(&mut *tx)
     .await?;
+    tx.commit().await?;
     Ok(records.map(i64::unsigned_abs))
 }
 
