@@ -9,10 +9,11 @@
 --
 -- The ring is fixed here, so nothing creates or drops a table at run time. `inbox_age_out`
 -- empties a day's partition once every record in it is older than the longest retention any
--- consumer declared: with records received on the day their message was made, a retention up
--- to 30 days ages out whole partitions before the ring comes round to them again. A record
--- that outlives that (a longer retention, a message received long after it was made) is
--- deleted row by row once its key is 31 days old, so it never holds a partition for ever.
+-- consumer declared (and none is of a consumer that declared none): with records received on
+-- the day their message was made, a retention up to 30 days ages out whole partitions before
+-- the ring comes round to them again. A record that outlives that (a longer retention, a
+-- message received long after it was made) is deleted row by row once its key is 31 days old
+-- and it is past its consumer's retention, so it never holds a partition for ever.
 
 -- The partition of key `key`: its UUIDv7 day (UTC) modulo 32, or -1. Not STRICT, so that it
 -- is inlined into the statements calling it.
