@@ -247,21 +247,15 @@ impl Consumer {
     async fn settle(&self, in_hand: InHand, verdict: Verdict) {
         let InHand {
             message,
-            headers,
-            deliveries,
             span,
             started,
+            ..
         } = in_hand;
         let ack = match verdict {
             Verdict::Ack => AckKind::Ack,
             Verdict::Retry(_) => AckKind::Nak(Some(self.config.retry_delay)),
             Verdict::Dead(reason) => {
-                let mut letter = NewDeadLetter::new(&message.subject, &message.payload, &reason);
-                // The raw ce-id stays in the headers; the id column holds only a valid one.
-                letter.message_id = header(&headers, headers::ID)
-                    .filter(|id| outbox_core::event::is_valid_token(id));
-                letter.headers = headers_json(&headers);
-                letter.deliveries = deliveries;
+                let letter = NewDeadLetter::of_message(&message, &reason);
                 match self
                     .rules
                     .inbox
@@ -367,8 +361,6 @@ impl Work {
 struct InHand {
     message: jetstream::Message,
     headers: HeaderMap,
-    /// The broker's delivery count.
-    deliveries: i64,
     /// The message's span, continuing its producer's trace.
     span: tracing::Span,
     started: std::time::Instant,
@@ -393,7 +385,6 @@ impl InHand {
         Self {
             message,
             headers,
-            deliveries,
             span,
             started,
         }
@@ -672,67 +663,8 @@ fn parse(headers: &HeaderMap, payload: &[u8]) -> Result<Option<Change>, String> 
     }))
 }
 
-/// Headers as [`headers_json`] stored them.
-pub fn headers_from_json(json: &serde_json::Value) -> HeaderMap {
-    let mut headers = HeaderMap::new();
-    for (name, values) in json.as_object().into_iter().flatten() {
-        for value in values
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(header_value_from_json)
-        {
-            headers.append(name.as_str(), value);
-        }
-    }
-    headers
-}
-
 fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
     headers.get(name).map(async_nats::HeaderValue::as_str)
-}
-
-/// Headers as a JSON object of string arrays, as dead letters keep them.
-fn headers_json(headers: &HeaderMap) -> serde_json::Value {
-    headers
-        .iter()
-        .map(|(name, values)| {
-            let values = values
-                .iter()
-                .map(|v| header_value_json(v.as_str()))
-                .collect();
-            (name.to_string(), serde_json::Value::Array(values))
-        })
-        .collect::<serde_json::Map<_, _>>()
-        .into()
-}
-
-/// A header value as JSON: a string, or `{"hex": …}` of its bytes when it holds a NUL, which a
-/// JSONB string cannot (kept losslessly either way; [`headers_from_json`] reads both).
-fn header_value_json(value: &str) -> serde_json::Value {
-    if value.contains('\0') {
-        let hex = value.bytes().fold(String::new(), |mut hex, b| {
-            use std::fmt::Write as _;
-            let _ = write!(hex, "{b:02x}");
-            hex
-        });
-        serde_json::json!({ "hex": hex })
-    } else {
-        value.into()
-    }
-}
-
-/// The text of a value [`header_value_json`] wrote.
-fn header_value_from_json(value: &serde_json::Value) -> Option<String> {
-    if let Some(text) = value.as_str() {
-        return Some(text.to_owned());
-    }
-    let hex = value.get("hex")?.as_str()?;
-    let bytes: Option<Vec<u8>> = (0..hex.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(hex.get(i..i + 2)?, 16).ok())
-        .collect();
-    String::from_utf8(bytes?).ok()
 }
 
 #[cfg(test)]
@@ -778,16 +710,6 @@ mod tests {
             let bad_total = serde_json::json!({"orderId": "o1", "totalMinor": total_minor});
             proptest::prop_assert!(parse(&headers("OrderPlaced"), bad_total.to_string().as_bytes()).is_err());
         }
-    }
-
-    #[test]
-    fn headers_survive_the_dead_letter_round_trip() {
-        let mut original = headers("OrderPlaced");
-        original.append("x-multi", "a");
-        original.append("x-multi", "b");
-        let restored = headers_from_json(&headers_json(&original));
-        assert_eq!(headers_json(&restored), headers_json(&original));
-        assert_eq!(restored.get_all("x-multi").count(), 2);
     }
 
     #[test]

@@ -15,7 +15,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::AppState;
-use crate::consumer::{Verdict, headers_from_json};
+use crate::consumer::Verdict;
 
 /// What `/ops` shows: the inbox's counts and its open dead letters.
 const OPS: OpsPage = OpsPage {
@@ -272,8 +272,10 @@ async fn skip_matching(
 
 /// Applies dead letter `letter` again through the rules, and closes it when that worked.
 async fn replay(state: &AppState, letter: &DeadLetter) -> Result<Verdict, ApiError> {
-    let headers = headers_from_json(&letter.headers);
-    let verdict = state.rules.verdict(&headers, &letter.payload).await;
+    let verdict = state
+        .rules
+        .verdict(&letter.header_map(), &letter.payload)
+        .await;
     if verdict == Verdict::Ack {
         state.rules.inbox().close_dead_letter(letter.id).await?;
     }

@@ -11,14 +11,11 @@
 
 use std::time::Duration;
 
-use async_nats::jetstream::{self, AckKind, consumer::PullConsumer, consumer::pull};
+use async_nats::jetstream::{self, AckKind, consumer::pull};
 use axum::{Json, Router, extract::State, http::StatusCode, routing::post};
-use futures::StreamExt as _;
-use outbox_core::inbox::{Digest, NewDeadLetter, refused_for_good};
+use outbox_core::inbox::{Digest, NewDeadLetter, consume};
 use outbox_core::publisher::{StreamSpec, ensure_stream};
-use outbox_core::{
-    Inbox, InboxError, JetStreamPublisher, NewEvent, Outcome, Relay, RelayConfig, Wakeup,
-};
+use outbox_core::{Inbox, JetStreamPublisher, NewEvent, Outcome, Relay, RelayConfig, Wakeup};
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 use tokio::net::TcpListener;
@@ -81,7 +78,14 @@ pub async fn run(
     let stream = jetstream.get_stream(&stream).await?;
     let consumer = stream.get_or_create_consumer("counter", config).await?;
     let inbox = Inbox::new(pool.clone(), "counter");
-    let consumer = tokio::spawn(consume(consumer, inbox, shutdown.clone()));
+    let stop = shutdown.clone();
+    let consumer = tokio::spawn(async move {
+        let retry_after = Duration::from_secs(1);
+        consume(&consumer, &inbox, &stop, retry_after, |inbox, message| {
+            Box::pin(apply(inbox, message))
+        })
+        .await
+    });
 
     let app = Router::new()
         .route("/greetings", post(greet))
@@ -90,7 +94,7 @@ pub async fn run(
         .with_graceful_shutdown(shutdown.cancelled_owned())
         .await?;
     relay.await?;
-    consumer.await?
+    Ok(consumer.await??)
 }
 
 /// Saves the greeting and its event in one transaction; committing wakes the relay.
@@ -119,39 +123,12 @@ async fn greet(State(app): State<App>, Json(greeting): Json<Greeting>) -> Status
     }
 }
 
-/// Acknowledges each message once it is applied or kept as a dead letter; a message that
-/// failed otherwise is delivered again.
-async fn consume(
-    consumer: PullConsumer,
-    inbox: Inbox,
-    stop: CancellationToken,
-) -> anyhow::Result<()> {
-    let mut messages = consumer.messages().await?;
-    while let Some(message) =
-        tokio::select! { m = messages.next() => m, () = stop.cancelled() => None }
-    {
-        // An error here (a missed heartbeat) is the client's to recover from: the stream goes on.
-        let Ok(message) = message else { continue };
-        let ack = apply(&inbox, &message).await.unwrap_or_else(|error| {
-            eprintln!("applying a message failed: {error:#}");
-            AckKind::Nak(Some(Duration::from_secs(1)))
-        });
-        if let Err(error) = message.ack_with(ack).await {
-            // Delivered again after the ack wait, and then a duplicate if it was applied.
-            eprintln!("acknowledging a message failed: {error}");
-        }
-    }
-    Ok(())
-}
-
 /// Counts the greeting once: the inbox records the message's `ce-id` in the transaction that
-/// updates the count, so a redelivered copy finds the record and changes nothing.
+/// updates the count, so a redelivered copy finds the record and changes nothing. What can
+/// never be counted is kept as a dead letter and acknowledged; after any other error the
+/// message is delivered again.
 async fn apply(inbox: &Inbox, message: &jetstream::Message) -> anyhow::Result<AckKind> {
-    let headers = message.headers.as_ref();
-    let id = headers
-        .and_then(|h| h.get(outbox_core::headers::ID))
-        .map(async_nats::HeaderValue::as_str);
-    let id = id.filter(|id| outbox_core::event::is_valid_token(id));
+    let id = outbox_core::inbox::message_id(message);
     let rejected = match (id, serde_json::from_slice::<Greeting>(&message.payload)) {
         (Some(id), Ok(Greeting { name })) => {
             let digest = Digest::of(&[&message.payload]);
@@ -161,11 +138,7 @@ async fn apply(inbox: &Inbox, message: &jetstream::Message) -> anyhow::Result<Ac
             match outcome.await {
                 Ok(Outcome::Processed(_) | Outcome::Duplicate) => None,
                 Ok(Outcome::IdReused) => Some("its id was used before by another message"),
-                Err(InboxError::Effect(e) | InboxError::Database(e))
-                    if refused_for_good(&e).is_some() =>
-                {
-                    Some("PostgreSQL refuses its data")
-                }
+                Err(error) if error.refused_for_good().is_some() => Some("PostgreSQL refuses it"),
                 Err(error) => return Err(error.into()),
             }
         }
@@ -174,8 +147,7 @@ async fn apply(inbox: &Inbox, message: &jetstream::Message) -> anyhow::Result<Ac
     };
     if let Some(reason) = rejected {
         // Never applicable: kept for an operator (`Inbox::dead`), not delivered again.
-        let mut letter = NewDeadLetter::new(&message.subject, &message.payload, reason);
-        letter.message_id = id;
+        let letter = NewDeadLetter::of_message(message, reason);
         inbox.dead_letter(letter).await?;
     }
     Ok(AckKind::Ack)

@@ -86,7 +86,11 @@ async fn the_example_service_counts_each_greeting_once(pool: PgPool) {
         uuid::Uuid::new_v4().to_string().as_str(),
     );
     jetstream
-        .publish_with_headers(format!("{prefix}.Greeted.x"), not_a_greeting, "{}".into())
+        .publish_with_headers(
+            format!("{prefix}.Greeted.x"),
+            not_a_greeting.clone(),
+            "{}".into(),
+        )
         .await
         .unwrap()
         .await
@@ -120,6 +124,19 @@ async fn the_example_service_counts_each_greeting_once(pool: PgPool) {
         reasons,
         ["not a greeting"],
         "only the stray message is a dead letter"
+    );
+    let stray = &dead[0];
+    let stray_id = not_a_greeting
+        .get(outbox_core::headers::ID)
+        .unwrap()
+        .as_str();
+    assert_eq!(stray.message_id.as_deref(), Some(stray_id));
+    assert_eq!(stray.subject, format!("{prefix}.Greeted.x"));
+    assert_eq!(stray.deliveries, 1);
+    let kept = stray.header_map();
+    assert_eq!(
+        kept.get(outbox_core::headers::ID).unwrap().as_str(),
+        stray_id
     );
 
     shutdown.cancel();

@@ -5,7 +5,8 @@
 //! returns [`Outcome::Duplicate`] without running the effect; the same id with other content is
 //! not a copy but a producer reusing an id, [`Outcome::IdReused`], and nothing runs either. A
 //! failed effect rolls back the record too, so a later delivery tries again. Messages that can
-//! never be applied are kept as dead letters ([`Inbox::dead_letter`]).
+//! never be applied are kept as dead letters ([`Inbox::dead_letter`]). [`consume`] is the
+//! simplest loop around it: one message at a time, acknowledged as the caller's function says.
 //!
 //! A record (table `inbox_entries`) keeps the id in 16 bytes: a UUID in canonical text is its
 //! own key, any other id (and a UUID of version 8) is keyed by its SHA-256 marked as a
@@ -15,6 +16,8 @@
 //! out row by row. Records of the crate's earlier versions, in tables `inbox_records` and
 //! `inbox`, are still read until they age out.
 
+mod consume;
+mod message;
 pub(crate) mod storage;
 
 use std::sync::Arc;
@@ -26,6 +29,9 @@ use futures::future::BoxFuture;
 use serde::Serialize;
 use sha2::{Digest as _, Sha256};
 use sqlx::{PgConnection, PgPool};
+
+pub use consume::{ConsumeError, consume};
+pub use message::message_id;
 
 /// What happened to a message.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -73,6 +79,15 @@ pub enum InboxError<E> {
     /// The inbox's own statements or the commit failed; nothing was recorded.
     #[error("inbox database error")]
     Database(#[from] sqlx::Error),
+}
+
+impl InboxError<sqlx::Error> {
+    /// The SQLSTATE when PostgreSQL refused the message's data, in the effect or in the inbox's
+    /// own statements ([`refused_for_good`]).
+    pub fn refused_for_good(&self) -> Option<std::borrow::Cow<'_, str>> {
+        let (Self::Effect(error) | Self::Database(error)) = self;
+        refused_for_good(error)
+    }
 }
 
 /// The SQLSTATE of `error` when PostgreSQL refused a statement for the data it was given, which
@@ -184,6 +199,13 @@ pub struct DeadLetter {
     pub created_at: DateTime<Utc>,
 }
 
+impl DeadLetter {
+    /// Its headers as the message carried them, e.g. to apply it again.
+    pub fn header_map(&self) -> async_nats::HeaderMap {
+        message::headers_from_json(&self.headers)
+    }
+}
+
 /// A message to keep as a dead letter: [`NewDeadLetter::new`], then the fields known.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
@@ -213,6 +235,23 @@ impl<'a> NewDeadLetter<'a> {
             payload,
             error,
             deliveries: 0,
+        }
+    }
+
+    /// JetStream message `message`, kept because of `error`: its subject, body and headers,
+    /// its delivery count, and its `ce-id` as the id when it is valid ([`message_id`]; an
+    /// invalid one stays in the headers).
+    pub fn of_message(message: &'a async_nats::jetstream::Message, error: &'a str) -> Self {
+        Self {
+            message_id: message_id(message),
+            subject: &message.subject,
+            headers: message.headers.as_ref().map_or_else(
+                || serde_json::Value::Object(serde_json::Map::new()),
+                message::headers_json,
+            ),
+            payload: &message.payload,
+            error,
+            deliveries: message.info().map_or(0, |info| info.delivered),
         }
     }
 }
