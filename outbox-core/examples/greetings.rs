@@ -9,11 +9,9 @@
 //! curl localhost:3000/greetings -H 'content-type: application/json' -d '{"name":"Ada"}'
 //! ```
 
-use std::time::Duration;
-
 use async_nats::jetstream::{self, AckKind, consumer::pull};
 use axum::{Json, Router, extract::State, http::StatusCode, routing::post};
-use outbox_core::inbox::{Digest, NewDeadLetter, consume};
+use outbox_core::inbox::{ConsumeConfig, Digest, NewDeadLetter, consume};
 use outbox_core::publisher::{StreamSpec, ensure_stream};
 use outbox_core::{Inbox, JetStreamPublisher, NewEvent, Outcome, Relay, RelayConfig, Wakeup};
 use serde::{Deserialize, Serialize};
@@ -34,6 +32,7 @@ struct App {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt::init();
     let pool = PgPool::connect(&std::env::var("DATABASE_URL")?).await?;
     let nats = async_nats::connect(std::env::var("NATS_URL")?).await?;
     let listener = TcpListener::bind("127.0.0.1:3000").await?;
@@ -80,8 +79,8 @@ pub async fn run(
     let inbox = Inbox::new(pool.clone(), "counter");
     let stop = shutdown.clone();
     let consumer = tokio::spawn(async move {
-        let retry_after = Duration::from_secs(1);
-        consume(&consumer, &inbox, &stop, retry_after, |inbox, message| {
+        let config = ConsumeConfig::default();
+        consume(&consumer, &inbox, &stop, &config, |inbox, message| {
             Box::pin(apply(inbox, message))
         })
         .await
@@ -117,7 +116,7 @@ async fn greet(State(app): State<App>, Json(greeting): Json<Greeting>) -> Status
     match saved {
         Ok(()) => StatusCode::CREATED,
         Err(error) => {
-            eprintln!("saving a greeting failed: {error}");
+            tracing::error!(error = %error, "saving a greeting failed");
             StatusCode::INTERNAL_SERVER_ERROR
         }
     }

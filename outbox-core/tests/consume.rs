@@ -11,7 +11,9 @@ use std::time::Duration;
 use async_nats::HeaderMap;
 use async_nats::jetstream::{AckKind, consumer::pull};
 use common::{TestStream, count_up, counter, create_counter, migrate};
-use outbox_core::inbox::{self, DeadLetterFilter, Digest, NewDeadLetter};
+use outbox_core::inbox::{
+    self, ConsumeConfig, ConsumeError, DeadLetterFilter, Digest, NewDeadLetter,
+};
 use outbox_core::testing::eventually;
 use outbox_core::{Inbox, headers};
 use sqlx::PgPool;
@@ -59,48 +61,46 @@ async fn consume_acknowledges_as_told_and_delivers_a_failure_again(pool: PgPool)
     let stop = CancellationToken::new();
     let consuming = {
         let (calls, failed_once, stop) = (calls.clone(), failed_once.clone(), stop.clone());
+        // No wait before a failed message comes again: the test is about that it does.
+        let mut config = ConsumeConfig::default();
+        config.retry_after = Duration::ZERO;
         tokio::spawn(async move {
-            inbox::consume(
-                &consumer,
-                &inbox,
-                &stop,
-                Duration::ZERO,
-                |inbox, message| {
-                    let (calls, failed_once) = (calls.clone(), failed_once.clone());
-                    Box::pin(async move {
-                        calls.fetch_add(1, Ordering::SeqCst);
-                        let Some(id) = inbox::message_id(message) else {
-                            let letter = NewDeadLetter::of_message(message, "no valid ce-id");
-                            inbox.dead_letter(letter).await?;
-                            return Ok(AckKind::Ack);
-                        };
-                        if &message.payload[..] == b"fails once"
-                            && failed_once.fetch_add(1, Ordering::SeqCst) == 0
-                        {
-                            return Err(sqlx::Error::PoolTimedOut);
-                        }
-                        count_up(inbox, id, &Digest::of(&[&message.payload])).await;
-                        Ok(AckKind::Ack)
-                    })
-                },
-            )
+            inbox::consume(&consumer, &inbox, &stop, &config, |inbox, message| {
+                let (calls, failed_once) = (calls.clone(), failed_once.clone());
+                Box::pin(async move {
+                    calls.fetch_add(1, Ordering::SeqCst);
+                    let Some(id) = inbox::message_id(message) else {
+                        let letter = NewDeadLetter::of_message(message, "no valid ce-id");
+                        inbox.dead_letter(letter).await?;
+                        return Ok(AckKind::Ack);
+                    };
+                    if &message.payload[..] == b"fails once"
+                        && failed_once.fetch_add(1, Ordering::SeqCst) == 0
+                    {
+                        return Err(sqlx::Error::PoolTimedOut);
+                    }
+                    count_up(inbox, id, &Digest::of(&[&message.payload])).await;
+                    Ok(AckKind::Ack)
+                })
+            })
             .await
         })
     };
 
+    // In stream order m-2 comes again last (after its Nak): once it is counted, all four were
+    // handled.
+    let inbox = Inbox::new(pool.clone(), "counter");
     eventually("every message handled", WAIT, || async {
-        (counter(&pool).await == 2 && calls.load(Ordering::SeqCst) == 5).then_some(())
+        let dead = inbox.dead(&DeadLetterFilter::all(), 0, 10).await.unwrap();
+        (counter(&pool).await == 2 && dead.len() == 1).then_some(())
     })
     .await;
-    assert_eq!(
-        failed_once.load(Ordering::SeqCst),
-        2,
+    assert!(calls.load(Ordering::SeqCst) >= 5, "five deliveries");
+    assert!(
+        failed_once.load(Ordering::SeqCst) >= 2,
         "m-2 was delivered again"
     );
-    let dead = Inbox::new(pool.clone(), "counter")
-        .dead(&DeadLetterFilter::all(), 0, 10)
-        .await
-        .unwrap();
+    let dead = inbox.dead(&DeadLetterFilter::all(), 0, 10).await.unwrap();
     let [letter] = &dead[..] else {
         panic!("one dead letter expected, found {dead:?}")
     };
@@ -116,7 +116,11 @@ async fn consume_acknowledges_as_told_and_delivers_a_failure_again(pool: PgPool)
     assert_eq!(notes, ["first", "second"], "the headers kept whole");
 
     stop.cancel();
-    consuming.await.unwrap().unwrap();
+    tokio::time::timeout(WAIT, consuming)
+        .await
+        .expect("the loop stops when told")
+        .unwrap()
+        .unwrap();
     // Everything was acknowledged: nothing is left for a consumer started again.
     let jetstream_stream = stream.stream().await;
     eventually("every message acknowledged", WAIT, || async {
@@ -124,5 +128,56 @@ async fn consume_acknowledges_as_told_and_delivers_a_failure_again(pool: PgPool)
         (info.num_pending == 0 && info.num_ack_pending == 0).then_some(())
     })
     .await;
+    stream.delete().await;
+}
+
+/// A consumer deleted under the loop ends it with an error, not as if it had been told to stop.
+#[sqlx::test(migrations = false)]
+async fn consume_ends_with_an_error_when_its_consumer_is_deleted(pool: PgPool) {
+    migrate(&pool).await;
+    let stream = TestStream::new().await;
+    let config = pull::Config {
+        durable_name: Some("doomed".into()),
+        ..Default::default()
+    };
+    let jetstream_stream = stream.stream().await;
+    let consumer = jetstream_stream
+        .get_or_create_consumer("doomed", config)
+        .await
+        .unwrap();
+    let applied = Arc::new(AtomicUsize::new(0));
+    let consuming = {
+        let (applied, inbox) = (applied.clone(), Inbox::new(pool.clone(), "doomed"));
+        tokio::spawn(async move {
+            let (stop, config) = (CancellationToken::new(), ConsumeConfig::default());
+            inbox::consume(&consumer, &inbox, &stop, &config, |_, _| {
+                applied.fetch_add(1, Ordering::SeqCst);
+                Box::pin(async { Ok::<_, sqlx::Error>(AckKind::Ack) })
+            })
+            .await
+        })
+    };
+    // One message through the loop: its pull request is open on the broker.
+    let subject = format!("{}.Counted.c1", stream.prefix);
+    let ack = stream
+        .jetstream
+        .publish(subject, "one".into())
+        .await
+        .unwrap();
+    ack.await.unwrap();
+    eventually("the message applied", WAIT, || async {
+        (applied.load(Ordering::SeqCst) == 1).then_some(())
+    })
+    .await;
+
+    jetstream_stream.delete_consumer("doomed").await.unwrap();
+    let ended = tokio::time::timeout(WAIT, consuming)
+        .await
+        .expect("the loop ends")
+        .unwrap();
+    assert!(
+        matches!(ended, Err(ConsumeError::Ended(_))),
+        "ended with {ended:?}"
+    );
     stream.delete().await;
 }

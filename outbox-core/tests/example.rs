@@ -140,7 +140,11 @@ async fn the_example_service_counts_each_greeting_once(pool: PgPool) {
     );
 
     shutdown.cancel();
-    service.await.unwrap().unwrap();
+    tokio::time::timeout(Duration::from_secs(30), service)
+        .await
+        .expect("the service stops when told")
+        .unwrap()
+        .unwrap();
     jetstream
         .delete_stream(prefix.to_uppercase())
         .await

@@ -2,14 +2,41 @@
 //! [`super::Inbox::process`]) and acknowledged as that function answers. billing-service's
 //! consumer is the fast path, several messages per transaction; this one is where to start.
 
+use std::error::Error as StdError;
 use std::time::Duration;
 
-use async_nats::jetstream::{self, AckKind, consumer::PullConsumer};
+use async_nats::jetstream::{self, AckKind, consumer::PullConsumer, consumer::pull};
 use futures::StreamExt as _;
 use futures::future::BoxFuture;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument as _;
 
 use super::Inbox;
+use crate::headers;
+
+/// How [`consume`] pulls and retries: [`ConsumeConfig::default`], then the fields to change.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct ConsumeConfig {
+    /// After `apply` failed: how long the message waits before it is delivered again (its
+    /// `Nak` delay), and how long the loop pauses before the next one, so that an outage is
+    /// not a burst of failures. Default 1 s.
+    pub retry_after: Duration,
+    /// The most messages pulled ahead of the one being applied. A message's ack wait runs
+    /// from when the broker sent it, so `pull_ahead` times what `apply` takes must stay well
+    /// inside the consumer's ack wait (30 s by default), or messages waiting their turn are
+    /// delivered again. Default 16.
+    pub pull_ahead: usize,
+}
+
+impl Default for ConsumeConfig {
+    fn default() -> Self {
+        Self {
+            retry_after: Duration::from_secs(1),
+            pull_ahead: 16,
+        }
+    }
+}
 
 /// Why [`consume`] stopped before `stop`.
 #[derive(Debug, thiserror::Error)]
@@ -18,48 +45,96 @@ pub enum ConsumeError {
     /// The consumer's message stream could not be opened.
     #[error("cannot open the consumer's message stream")]
     Stream(#[from] jetstream::consumer::StreamError),
+    /// The broker ended the message stream (the consumer was deleted, say): nothing more
+    /// arrives until the loop is started again on a consumer that exists.
+    #[error("the consumer's message stream ended")]
+    Ended(#[source] Option<pull::MessagesError>),
 }
 
-/// Hands each message of `consumer` to `apply`, with `inbox`, in turn until `stop` (or the
-/// stream's end), and acknowledges it with the [`AckKind`] `apply` returns; after an error,
-/// with a `Nak` that has it delivered again after `retry_after`. `apply` keeps what can never
-/// be applied as a dead letter and acknowledges it ([`super::NewDeadLetter::of_message`]): a
-/// message it fails on is delivered again and again. A lost acknowledgement only means a
-/// redelivery, which the inbox recognises.
+/// Hands each message of `consumer` to `apply`, with `inbox`, in turn until `stop`, and
+/// acknowledges it with the [`AckKind`] `apply` returns: `Ack` once applied, or kept as a dead
+/// letter when it can never be ([`super::NewDeadLetter::of_message`]); `Nak` to have it
+/// delivered again; `Term` to drop it (`Progress` would leave it unacknowledged until its ack
+/// wait ran out). After an error it is delivered again after [`ConsumeConfig::retry_after`],
+/// and the error is logged with its causes. A lost acknowledgement only means a redelivery,
+/// which the inbox recognises.
 ///
 /// `apply` returns its future boxed (`|inbox, message| Box::pin(apply(inbox, message))`), as
-/// [`super::Inbox::process`]'s effect does, so that the loop can run in a spawned task.
+/// [`super::Inbox::process`]'s effect does: the future borrows the message and the inbox, and
+/// a boxed `Send` future says so in a way that lets the loop run in a spawned task.
 pub async fn consume<F, E>(
     consumer: &PullConsumer,
     inbox: &Inbox,
     stop: &CancellationToken,
-    retry_after: Duration,
+    config: &ConsumeConfig,
     mut apply: F,
 ) -> Result<(), ConsumeError>
 where
     F: for<'a> FnMut(&'a Inbox, &'a jetstream::Message) -> BoxFuture<'a, Result<AckKind, E>>,
-    E: std::fmt::Display,
+    E: Into<Box<dyn StdError + Send + Sync>>,
 {
-    let mut messages = consumer.messages().await?;
-    while let Some(message) = tokio::select! {
-        message = messages.next() => message,
-        () = stop.cancelled() => None,
-    } {
+    let messages = consumer.stream().max_messages_per_batch(config.pull_ahead);
+    let mut messages = messages.messages().await?;
+    let mut last_error = None;
+    loop {
+        let message = tokio::select! {
+            biased;
+            () = stop.cancelled() => return Ok(()),
+            message = messages.next() => message,
+        };
         let message = match message {
-            Ok(message) => message,
-            // A missed heartbeat, say: the client recovers and the stream goes on.
-            Err(error) => {
-                tracing::warn!(%error, "pulling messages failed");
+            Some(Ok(message)) => message,
+            // A missed heartbeat, say: the client recovers and the stream goes on, unless the
+            // broker ends it.
+            Some(Err(error)) => {
+                tracing::warn!(error = %chain(&error), "pulling messages failed");
+                last_error = Some(error);
                 continue;
             }
+            None => return Err(ConsumeError::Ended(last_error)),
         };
-        let ack = apply(inbox, &message).await.unwrap_or_else(|error| {
-            tracing::warn!(%error, "applying a message failed; it is delivered again");
-            AckKind::Nak(Some(retry_after))
+        let span = tracing::info_span!(
+            "message",
+            messaging.destination.name = %message.subject,
+            messaging.message.id = message
+                .headers
+                .as_ref()
+                .and_then(|h| h.get(headers::ID))
+                .map(async_nats::HeaderValue::as_str),
+            deliveries = message.info().map_or(0, |info| info.delivered),
+        );
+        let applied = apply(inbox, &message).instrument(span.clone()).await;
+        let failed = applied.is_err();
+        let ack = applied.unwrap_or_else(|error| {
+            let error = error.into();
+            span.in_scope(|| {
+                tracing::warn!(error = %chain(&*error), "applying a message failed; delivered again");
+            });
+            AckKind::Nak(Some(config.retry_after))
         });
         if let Err(error) = message.ack_with(ack).await {
-            tracing::warn!(%error, "acknowledging a message failed");
+            span.in_scope(
+                || tracing::warn!(error = %chain(&*error), "acknowledging a message failed"),
+            );
+        }
+        if failed {
+            tokio::select! {
+                biased;
+                () = stop.cancelled() => return Ok(()),
+                () = tokio::time::sleep(config.retry_after) => {}
+            }
         }
     }
-    Ok(())
+}
+
+/// `error` and its causes, outermost first.
+fn chain(error: &(dyn StdError + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
 }

@@ -5,7 +5,7 @@
 //! returns [`Outcome::Duplicate`] without running the effect; the same id with other content is
 //! not a copy but a producer reusing an id, [`Outcome::IdReused`], and nothing runs either. A
 //! failed effect rolls back the record too, so a later delivery tries again. Messages that can
-//! never be applied are kept as dead letters ([`Inbox::dead_letter`]). [`consume`] is the
+//! never be applied are kept as dead letters ([`Inbox::dead_letter`]). [`consume()`] is the
 //! simplest loop around it: one message at a time, acknowledged as the caller's function says.
 //!
 //! A record (table `inbox_entries`) keeps the id in 16 bytes: a UUID in canonical text is its
@@ -30,7 +30,7 @@ use serde::Serialize;
 use sha2::{Digest as _, Sha256};
 use sqlx::{PgConnection, PgPool};
 
-pub use consume::{ConsumeError, consume};
+pub use consume::{ConsumeConfig, ConsumeError, consume};
 pub use message::message_id;
 
 /// What happened to a message.
@@ -86,6 +86,15 @@ impl InboxError<sqlx::Error> {
     /// own statements ([`refused_for_good`]).
     pub fn refused_for_good(&self) -> Option<std::borrow::Cow<'_, str>> {
         let (Self::Effect(error) | Self::Database(error)) = self;
+        refused_for_good(error)
+    }
+}
+
+impl BatchError<sqlx::Error> {
+    /// The SQLSTATE when PostgreSQL refused a message's data, in its effect or in the inbox's
+    /// own statements ([`refused_for_good`]).
+    pub fn refused_for_good(&self) -> Option<std::borrow::Cow<'_, str>> {
+        let (Self::Effect { error, .. } | Self::Database(error)) = self;
         refused_for_good(error)
     }
 }
@@ -239,8 +248,8 @@ impl<'a> NewDeadLetter<'a> {
     }
 
     /// JetStream message `message`, kept because of `error`: its subject, body and headers,
-    /// its delivery count, and its `ce-id` as the id when it is valid ([`message_id`]; an
-    /// invalid one stays in the headers).
+    /// its delivery count (0 if the message carries no JetStream metadata), and its `ce-id` as
+    /// the id when it is valid ([`message_id`]; an invalid one stays in the headers).
     pub fn of_message(message: &'a async_nats::jetstream::Message, error: &'a str) -> Self {
         Self {
             message_id: message_id(message),
