@@ -123,13 +123,18 @@ impl PublishError {
 
     /// The error with its causes on one line, as stored in `last_error`.
     pub fn chain(&self) -> String {
-        let mut text = self.to_string();
-        let mut source = self.source();
-        while let Some(cause) = source {
-            text.push_str(": ");
-            text.push_str(&cause.to_string());
-            source = cause.source();
-        }
-        text
+        chain(self)
     }
+}
+
+/// `error` and its causes on one line, outermost first.
+pub(crate) fn chain(error: &(dyn StdError + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
 }

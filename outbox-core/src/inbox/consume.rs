@@ -12,6 +12,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
 use super::Inbox;
+use crate::error::chain;
 use crate::headers;
 
 /// How [`consume`] pulls and retries: [`ConsumeConfig::default`], then the fields to change.
@@ -125,16 +126,4 @@ where
             }
         }
     }
-}
-
-/// `error` and its causes, outermost first.
-fn chain(error: &(dyn StdError + 'static)) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
