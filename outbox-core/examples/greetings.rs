@@ -84,6 +84,7 @@ pub async fn run(
             Box::pin(apply(inbox, message))
         })
         .await
+        .inspect_err(|_| stop.cancel()) // the service stops with the consumer's error
     });
 
     let app = Router::new()

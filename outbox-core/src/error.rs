@@ -127,14 +127,39 @@ impl PublishError {
     }
 }
 
-/// `error` and its causes on one line, outermost first.
+/// `error` and its causes on one line, outermost first; a cause that an error's own text
+/// already ends with (async-nats's errors print their source) is not written twice.
 pub(crate) fn chain(error: &(dyn StdError + 'static)) -> String {
     let mut text = error.to_string();
     let mut source = error.source();
     while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
+        let cause_text = cause.to_string();
+        if !text.ends_with(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
         source = cause.source();
     }
     text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_chain_names_each_cause_once() {
+        let timeout = std::io::Error::new(std::io::ErrorKind::TimedOut, "timed out");
+        // As async-nats's errors do: the source in the error's own text too.
+        let pull = async_nats::jetstream::consumer::pull::MessagesError::with_source(
+            async_nats::jetstream::consumer::pull::MessagesErrorKind::Pull,
+            timeout,
+        );
+        assert_eq!(chain(&pull), "pull request failed: timed out");
+        let publish = PublishError::Unreachable(Box::new(pull));
+        assert_eq!(
+            publish.chain(),
+            "broker unreachable: pull request failed: timed out"
+        );
+    }
 }

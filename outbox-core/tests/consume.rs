@@ -121,6 +121,7 @@ async fn consume_acknowledges_as_told_and_delivers_a_failure_again(pool: PgPool)
         .expect("the loop stops when told")
         .unwrap()
         .unwrap();
+    assert_eq!(counter(&pool).await, 2, "the copy of m-1 ran nothing");
     // Everything was acknowledged: nothing is left for a consumer started again.
     let jetstream_stream = stream.stream().await;
     eventually("every message acknowledged", WAIT, || async {

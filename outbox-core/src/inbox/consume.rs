@@ -23,10 +23,12 @@ pub struct ConsumeConfig {
     /// `Nak` delay), and how long the loop pauses before the next one, so that an outage is
     /// not a burst of failures. Default 1 s.
     pub retry_after: Duration,
-    /// The most messages pulled ahead of the one being applied. A message's ack wait runs
-    /// from when the broker sent it, so `pull_ahead` times what `apply` takes must stay well
-    /// inside the consumer's ack wait (30 s by default), or messages waiting their turn are
-    /// delivered again. Default 16.
+    /// How many messages each pull asks for (at least 1, at most the consumer's `max_batch`).
+    /// async-nats pulls again when half of them are left, so up to 1.5 times as many wait
+    /// behind the one being applied. A message's ack wait runs from when the broker sent it:
+    /// what they take (`apply`, and `retry_after` after each failure) must stay well inside the
+    /// consumer's ack wait (30 s by default), or messages waiting their turn are delivered
+    /// again (which the inbox absorbs). Default 16.
     pub pull_ahead: usize,
 }
 
@@ -39,6 +41,9 @@ impl Default for ConsumeConfig {
     }
 }
 
+/// The idle heartbeat asked of the broker with each pull.
+const HEARTBEAT: Duration = Duration::from_secs(15);
+
 /// Why [`consume`] stopped before `stop`.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -46,8 +51,10 @@ pub enum ConsumeError {
     /// The consumer's message stream could not be opened.
     #[error("cannot open the consumer's message stream")]
     Stream(#[from] jetstream::consumer::StreamError),
-    /// The broker ended the message stream (the consumer was deleted, say): nothing more
-    /// arrives until the loop is started again on a consumer that exists.
+    /// The message stream ended, with the last pull error when there was one: the broker
+    /// answered a waiting pull that the consumer is gone or refused the pull's size, or the
+    /// client closed. Nothing more arrives until the loop is started again. (A consumer
+    /// deleted while the client was disconnected shows as pull errors, logged, instead.)
     #[error("the consumer's message stream ended")]
     Ended(#[source] Option<pull::MessagesError>),
 }
@@ -58,7 +65,8 @@ pub enum ConsumeError {
 /// delivered again; `Term` to drop it (`Progress` would leave it unacknowledged until its ack
 /// wait ran out). After an error it is delivered again after [`ConsumeConfig::retry_after`],
 /// and the error is logged with its causes. A lost acknowledgement only means a redelivery,
-/// which the inbox recognises.
+/// which the inbox recognises. `stop` is seen between messages; those pulled ahead and not
+/// yet applied come to another consumer instance after their ack wait.
 ///
 /// `apply` returns its future boxed (`|inbox, message| Box::pin(apply(inbox, message))`), as
 /// [`super::Inbox::process`]'s effect does: the future borrows the message and the inbox, and
@@ -74,8 +82,14 @@ where
     F: for<'a> FnMut(&'a Inbox, &'a jetstream::Message) -> BoxFuture<'a, Result<AckKind, E>>,
     E: Into<Box<dyn StdError + Send + Sync>>,
 {
-    let messages = consumer.stream().max_messages_per_batch(config.pull_ahead);
-    let mut messages = messages.messages().await?;
+    let max_batch = usize::try_from(consumer.cached_info().config.max_batch).unwrap_or(0);
+    let batch = match max_batch {
+        0 => config.pull_ahead.max(1),
+        max => config.pull_ahead.clamp(1, max),
+    };
+    // async-nats's own default heartbeat, so that a stalled pull is noticed.
+    let messages = consumer.stream().max_messages_per_batch(batch);
+    let mut messages = messages.heartbeat(HEARTBEAT).messages().await?;
     let mut last_error = None;
     loop {
         let message = tokio::select! {
@@ -84,7 +98,10 @@ where
             message = messages.next() => message,
         };
         let message = match message {
-            Some(Ok(message)) => message,
+            Some(Ok(message)) => {
+                last_error = None;
+                message
+            }
             // A missed heartbeat, say: the client recovers and the stream goes on, unless the
             // broker ends it.
             Some(Err(error)) => {
