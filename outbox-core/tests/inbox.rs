@@ -2,7 +2,7 @@
 
 mod common;
 
-use common::{count, count_up, counter, create_counter, migrate, v7_id};
+use common::{add_one, count, count_up, counter, create_counter, migrate, v7_id};
 use outbox_core::inbox::{self, Digest, NewDeadLetter};
 use outbox_core::{Inbox, InboxError, Outcome, headers};
 use sqlx::PgPool;
@@ -165,14 +165,7 @@ async fn an_id_reused_for_other_content_is_no_duplicate(pool: PgPool) {
 /// Adds one to the counter for each new message of `batch`, in one transaction.
 async fn count_up_batch(inbox: &Inbox, batch: &[(&str, Digest)]) -> Vec<Outcome<()>> {
     inbox
-        .process_batch(batch, |conn, _| {
-            Box::pin(async move {
-                sqlx::query("UPDATE counter SET n = n + 1")
-                    .execute(conn)
-                    .await
-                    .map(drop)
-            })
-        })
+        .process_batch(batch, |conn, _| add_one(conn))
         .await
         .unwrap()
 }

@@ -7,11 +7,12 @@ use std::sync::LazyLock;
 use std::time::Duration;
 
 use async_nats::jetstream::{self, stream::Stream};
+use futures::future::BoxFuture;
 use outbox_core::headers;
 use outbox_core::inbox::Digest;
 use outbox_core::publisher::{StreamSpec, ensure_stream};
 use outbox_core::{Backoff, Inbox, JetStreamPublisher, NewEvent, Outcome, RelayConfig};
-use sqlx::PgPool;
+use sqlx::{PgConnection, PgPool};
 
 /// Applies both of the crate's migrations.
 pub async fn migrate(pool: &PgPool) {
@@ -142,19 +143,19 @@ pub async fn create_counter(pool: &PgPool) {
         .unwrap();
 }
 
+/// The inbox tests' effect: adds one to the counter.
+pub fn add_one(conn: &mut PgConnection) -> BoxFuture<'_, sqlx::Result<()>> {
+    Box::pin(async move {
+        sqlx::query("UPDATE counter SET n = n + 1")
+            .execute(conn)
+            .await
+            .map(drop)
+    })
+}
+
 /// Delivers message `id` with `digest` to `inbox`, whose effect adds one to the counter.
 pub async fn count_up(inbox: &Inbox, id: &str, digest: &Digest) -> Outcome<()> {
-    inbox
-        .process(id, digest, |conn| {
-            Box::pin(async move {
-                sqlx::query("UPDATE counter SET n = n + 1")
-                    .execute(conn)
-                    .await
-                    .map(drop)
-            })
-        })
-        .await
-        .unwrap()
+    inbox.process(id, digest, add_one).await.unwrap()
 }
 
 /// The counter `count_up` adds to.
