@@ -11,5 +11,11 @@ GRANT USAGE ON SCHEMA public TO orders_app;
 GRANT SELECT, INSERT, UPDATE ON orders TO orders_app;
 -- DELETE: the cleanup task removes published events after OUTBOX_RETENTION_MS.
 GRANT SELECT, INSERT, UPDATE, DELETE ON outbox TO orders_app;
+-- The relay moves each event it publishes to outbox_published; the cleanup task empties its
+-- partitions past OUTBOX_RETENTION_MS through outbox_age_out, which runs as the owner (the
+-- role itself may not TRUNCATE).
+GRANT SELECT, INSERT ON outbox_published TO orders_app;
+GRANT SELECT ON outbox_events TO orders_app;
+GRANT EXECUTE ON FUNCTION outbox_age_out(INTERVAL) TO orders_app;
 -- Read only: start-up checks that every migration was applied.
 GRANT SELECT ON _sqlx_migrations TO orders_app;

@@ -160,7 +160,7 @@ async fn idle_session_in_a_transaction_makes_the_relay_skip_nothing() {
         Duration::from_secs(30),
         || async {
             let published: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM outbox \
+                "SELECT count(*) FROM outbox_events \
                  WHERE seq > $1 AND aggregate_id <> $2 AND status = 'published'",
             )
             .bind(locked)
@@ -172,7 +172,7 @@ async fn idle_session_in_a_transaction_makes_the_relay_skip_nothing() {
         },
     )
     .await;
-    let status: String = sqlx::query_scalar("SELECT status FROM outbox WHERE seq = $1")
+    let status: String = sqlx::query_scalar("SELECT status FROM outbox_events WHERE seq = $1")
         .bind(locked)
         .fetch_one(cluster.orders_pool())
         .await
@@ -268,8 +268,8 @@ async fn postgres_restarted_immediately_under_load() {
     // Atomic write: every order has its OrderPlaced event and every event its order.
     let orphans: i64 = sqlx::query_scalar(
         "SELECT (SELECT count(*) FROM orders o WHERE NOT EXISTS \
-                   (SELECT 1 FROM outbox e WHERE e.aggregate_id = o.id AND e.event_type = 'OrderPlaced')) \
-              + (SELECT count(*) FROM outbox e WHERE NOT EXISTS \
+                   (SELECT 1 FROM outbox_events e WHERE e.aggregate_id = o.id AND e.event_type = 'OrderPlaced')) \
+              + (SELECT count(*) FROM outbox_events e WHERE NOT EXISTS \
                    (SELECT 1 FROM orders o WHERE o.id = e.aggregate_id))",
     )
     .fetch_one(cluster.orders_pool())

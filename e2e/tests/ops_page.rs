@@ -169,10 +169,11 @@ async fn orders_ops_page_retries_a_dead_event() {
         })
         .await;
         assert_eq!(stream_ids, [event_id, other_id]);
-        let statuses: Vec<String> = sqlx::query_scalar("SELECT status FROM outbox ORDER BY seq")
-            .fetch_all(&orders.pool)
-            .await
-            .unwrap();
+        let statuses: Vec<String> =
+            sqlx::query_scalar("SELECT status FROM outbox_events ORDER BY seq")
+                .fetch_all(&orders.pool)
+                .await
+                .unwrap();
         assert_eq!(statuses, ["published", "published"]);
     }
     orders.stop().await;

@@ -16,8 +16,8 @@ pub struct Config {
     pub relay_enabled: bool,
     /// `NATS_PUBLISH_TIMEOUT_MS`: the longest wait for one PubAck.
     pub publish_timeout: Duration,
-    /// `OUTBOX_RETENTION_MS`: published and skipped events are deleted after this long; with 0
-    /// the relay deletes events as it publishes them.
+    /// `OUTBOX_RETENTION_MS`: published and skipped events are aged out after this long (at
+    /// most 188 hours); with 0 the relay deletes events as it publishes them.
     pub outbox_retention: Duration,
 }
 
@@ -43,6 +43,11 @@ impl Config {
             "RELAY_BATCH_SIZE",
             (1..=10_000).contains(&relay.batch_size),
             "must be 1 to 10000",
+        )?;
+        ensure(
+            "OUTBOX_RETENTION_MS",
+            outbox_retention <= outbox_core::outbox::MAX_RETENTION,
+            "must be at most 676800000 (188 hours: the ring of published events' partitions)",
         )?;
         ensure(
             "RELAY_MAX_ATTEMPTS",

@@ -273,11 +273,12 @@ async fn idempotent_post_and_lifecycle_transitions() {
     let fetched: Value = app.get("/orders/o1").await.json().await.unwrap();
     assert_eq!(fetched["status"], "shipped");
 
-    let events: Vec<String> =
-        sqlx::query_scalar("SELECT event_type FROM outbox WHERE aggregate_id = 'o1' ORDER BY seq")
-            .fetch_all(&app.pool)
-            .await
-            .unwrap();
+    let events: Vec<String> = sqlx::query_scalar(
+        "SELECT event_type FROM outbox_events WHERE aggregate_id = 'o1' ORDER BY seq",
+    )
+    .fetch_all(&app.pool)
+    .await
+    .unwrap();
     assert_eq!(events, ["OrderPlaced", "OrderPaid", "OrderShipped"]);
     app.stop().await;
 }
@@ -368,7 +369,7 @@ async fn admin_endpoints_need_the_token_and_retry_or_skip_dead_events() {
         None,
     )
     .await;
-    let statuses: Vec<String> = sqlx::query_scalar("SELECT status FROM outbox ORDER BY seq")
+    let statuses: Vec<String> = sqlx::query_scalar("SELECT status FROM outbox_events ORDER BY seq")
         .fetch_all(&app.pool)
         .await
         .unwrap();
@@ -419,7 +420,7 @@ async fn bulk_admin_actions_take_the_dead_events_a_filter_matches() {
     );
     assert_eq!(bulk("/outbox/dead/skip?eventType=OrderPaid").await, 0);
     assert_eq!(bulk("/outbox/dead/skip?aggregateType=order").await, 1);
-    let statuses: Vec<String> = sqlx::query_scalar("SELECT status FROM outbox ORDER BY seq")
+    let statuses: Vec<String> = sqlx::query_scalar("SELECT status FROM outbox_events ORDER BY seq")
         .fetch_all(&app.pool)
         .await
         .unwrap();
@@ -516,11 +517,12 @@ async fn the_relay_publishes_while_requests_hold_every_connection_of_the_pool() 
         "the event published",
         std::time::Duration::from_secs(20),
         || async {
-            let status: String = sqlx::query_scalar("SELECT status FROM outbox WHERE id = $1")
-                .bind(id)
-                .fetch_one(&other)
-                .await
-                .unwrap();
+            let status: String =
+                sqlx::query_scalar("SELECT status FROM outbox_events WHERE id = $1")
+                    .bind(id)
+                    .fetch_one(&other)
+                    .await
+                    .unwrap();
             (status == "published").then_some(())
         },
     )

@@ -6,7 +6,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{TestStream, enqueue, migrate};
+use common::{TestStream, enqueue, migrate, publish_earlier};
 use outbox_core::headers;
 use outbox_core::inbox::Digest;
 use outbox_core::outbox::DeadFilter;
@@ -177,9 +177,11 @@ async fn always_failing_event_becomes_dead_and_cleanup_keeps_it(pool: PgPool) {
         .unwrap();
     assert_eq!(outcome, outbox_core::Outcome::Processed(()));
 
+    // A partition of published events is emptied once its two hours are over.
+    publish_earlier(&pool, 4).await;
     assert_eq!(outbox::cleanup(&pool, Duration::ZERO, 1).await.unwrap(), 1);
     assert_eq!(inbox.cleanup(Duration::ZERO, 100).await.unwrap(), 1);
-    let statuses: Vec<String> = sqlx::query_scalar("SELECT status FROM outbox")
+    let statuses: Vec<String> = sqlx::query_scalar("SELECT status FROM outbox_events")
         .fetch_all(&pool)
         .await
         .unwrap();
@@ -212,7 +214,7 @@ async fn an_outage_never_makes_an_event_dead(pool: PgPool) {
         );
     }
     assert_eq!((dead, failed, published), (0, 30, 1));
-    let attempts: i32 = sqlx::query_scalar("SELECT attempts FROM outbox")
+    let attempts: i32 = sqlx::query_scalar("SELECT attempts FROM outbox_events")
         .fetch_one(&pool)
         .await
         .unwrap();
@@ -330,7 +332,7 @@ async fn skipped_dead_head_releases_its_aggregate(pool: PgPool) {
         .await
         .unwrap();
     assert_eq!(stream.published().await, ["o1:OrderPaid"]);
-    let statuses: Vec<String> = sqlx::query_scalar("SELECT status FROM outbox ORDER BY seq")
+    let statuses: Vec<String> = sqlx::query_scalar("SELECT status FROM outbox_events ORDER BY seq")
         .fetch_all(&pool)
         .await
         .unwrap();

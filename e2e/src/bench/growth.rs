@@ -76,6 +76,10 @@ pub struct Cleanup {
 pub struct Round {
     /// Rows aged out: deleted, or in partitions emptied whole.
     pub deleted: u64,
+    /// Whether the round emptied partitions (true) or deleted rows (false); absent in runs
+    /// from before the outbox's partitions, whose outbox deleted rows and inbox emptied them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partitions: Option<bool>,
     /// Seconds the deleting took.
     pub delete_secs: f64,
     /// Seconds the `VACUUM` of the table took afterwards, throttled as autovacuum's is.
@@ -195,10 +199,10 @@ pub async fn fill(rows: i64) -> anyhow::Result<(Filled, Growth)> {
         // event of row i, published at its creation time: one of three per order, with a
         // payload the size of the services' and a traceparent, as a traced deployment has.
         sqlx::query(
-            "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload,
-                                 traceparent, status, attempts, next_attempt_at, created_at,
-                                 published_at)
-             SELECT encode(overlay(uuid_send(gen_random_uuid()) placing
+            "INSERT INTO outbox_published (seq, id, aggregate_type, aggregate_id, event_type,
+                                           payload, traceparent, attempts, created_at,
+                                           published_at, slot)
+             SELECT i + 1, encode(overlay(uuid_send(gen_random_uuid()) placing
                         substring(int8send((extract(epoch FROM at) * 1000)::bigint) FROM 3)
                         FROM 1 FOR 6), 'hex')::uuid,
                     'order', order_id,
@@ -206,7 +210,7 @@ pub async fn fill(rows: i64) -> anyhow::Result<(Filled, Growth)> {
                     jsonb_build_object('orderId', order_id, 'customer', 'bench',
                                        'totalMinor', 1999, 'status', 'placed'),
                     '00-' || md5(i::text) || '-' || left(md5(order_id), 16) || '-01',
-                    'published', 1, at, at, at
+                    0, at, at, outbox_published_slot(at)
              FROM (SELECT i, '0193a0c4-7d1e-7c3b-9f1a-' || lpad((i / 3)::text, 12, '0')
                              AS order_id,
                           $4 - interval '13 hours' + interval '12 hours' * (i::float8 / $3)
@@ -221,6 +225,11 @@ pub async fn fill(rows: i64) -> anyhow::Result<(Filled, Growth)> {
         .await?;
         fill_inbox(&billing, first..last, rows, &consumer, filled.anchor).await?;
     }
+    // The outbox's seqs go on after the filled events', as they would have.
+    sqlx::query("SELECT setval(pg_get_serial_sequence('outbox', 'seq'), greatest($1, 1), $1 > 0)")
+        .bind(rows)
+        .execute(&orders)
+        .await?;
     // What the inbox's own statements would have counted.
     sqlx::query(
         "INSERT INTO inbox_day_counts (consumer, day, slot, processed)
@@ -230,7 +239,7 @@ pub async fn fill(rows: i64) -> anyhow::Result<(Filled, Growth)> {
     .execute(&billing)
     .await?;
     // As autovacuum would have by the time the tables are that big.
-    for (pool, table) in [(&orders, "outbox"), (&billing, "inbox_entries")] {
+    for (pool, table) in [(&orders, "outbox_published"), (&billing, "inbox_entries")] {
         sqlx::raw_sql(sqlx::AssertSqlSafe(format!("VACUUM ANALYZE {table}")))
             .execute(pool)
             .await?;
@@ -254,7 +263,7 @@ pub async fn fill(rows: i64) -> anyhow::Result<(Filled, Growth)> {
     let growth = Growth {
         rows,
         fill_secs: start.elapsed().as_secs_f64(),
-        outbox_bytes_per_event: size(&orders, "outbox").await?,
+        outbox_bytes_per_event: size(&orders, "outbox_published").await?,
         inbox_bytes_per_record: size(&billing, "inbox_entries").await?,
         ..Growth::default()
     };
@@ -296,15 +305,16 @@ async fn fill_inbox(
     Ok(())
 }
 
-/// The share of the filled outbox rows the cleanup phase finds aged: enough to run for a
-/// while under load, few enough that the copy keeps most of its size.
+/// The share of the filled outbox rows the cleanup phase finds aged at least (it empties whole
+/// partitions): enough to run for a while under load, few enough that the copy keeps most of
+/// its size.
 const AGED: f64 = 0.05;
 
 /// Runs `POST /orders` at maximum rate against a copy of the filled orders database while one
 /// round of the outbox's and of the inbox's cleanup (the services' code and batch size) ages
-/// out the oldest twentieth of the outbox's filled rows and the oldest of the inbox's three
-/// days (a third: a partition is emptied whole), and a `VACUUM` reclaims what was deleted, and
-/// returns the figures.
+/// out the outbox's oldest partitions of published events (5 to 22% of its filled rows) and
+/// the oldest of the inbox's three days (a third), partitions emptied whole, and a `VACUUM`
+/// reclaims what was deleted, and returns the figures.
 pub async fn cleanup(filled: &Filled, connections: usize) -> anyhow::Result<Cleanup> {
     let names = Names::unique();
     filled.copy_into(&names).await?;
@@ -320,12 +330,16 @@ pub async fn cleanup(filled: &Filled, connections: usize) -> anyhow::Result<Clea
         billing_db.clone(),
         billing_service::Config::from_env()?.consumer.name,
     );
-    // The outbox's filled rows span 12 hours ending an hour before the anchor, the inbox's the
-    // three days before a midnight; these retentions put the oldest AGED of the outbox's and
-    // the oldest day of the inbox's past them, and nothing the load adds.
+    // The outbox's filled rows span 12 hours ending an hour before the anchor, in partitions
+    // of two hours; the inbox's the three days before a midnight. These retentions put the
+    // partitions of published events that end by the oldest AGED of them (the first two-hour
+    // boundary after it: 5 to 22% of the rows) and the oldest day of the inbox's past them,
+    // and nothing the load adds.
     let now = chrono::Utc::now();
-    let since = (now - filled.anchor).num_seconds() as f64 / 3600.0;
-    let outbox_retention = Duration::from_secs_f64((13.0 - 12.0 * AGED + since) * 3600.0);
+    let aged = filled.anchor - chrono::TimeDelta::hours(13)
+        + chrono::TimeDelta::seconds((12.0 * 3600.0 * AGED) as i64);
+    let boundary = (aged.timestamp() + 7199) / 7200 * 7200;
+    let outbox_retention = Duration::from_secs((now.timestamp() - boundary).unsigned_abs());
     let midnight = (filled.anchor - chrono::TimeDelta::hours(1))
         .date_naive()
         .and_time(chrono::NaiveTime::MIN)
@@ -339,7 +353,7 @@ pub async fn cleanup(filled: &Filled, connections: usize) -> anyhow::Result<Clea
         let rounds = tokio::join!(
             round(
                 &orders_db,
-                "outbox",
+                "outbox_published",
                 outbox_core::outbox::cleanup(&orders_db, outbox_retention, 1000)
             ),
             round(
@@ -389,6 +403,8 @@ async fn round(
     sqlx::Connection::close(conn).await?;
     Ok(Round {
         deleted,
+        // Both sides' cleanups empty partitions.
+        partitions: Some(true),
         delete_secs,
         vacuum_secs: start.elapsed().as_secs_f64(),
     })

@@ -352,9 +352,16 @@ async fn stamps(pool: &PgPool, sql: &'static str) -> anyhow::Result<HashMap<Stri
 async fn measure(orders_db: &PgPool, billing_db: &PgPool, filled: i64) -> anyhow::Result<Steady> {
     // The outbox row is the last statement of the order's transaction, the invoice row the
     // last of the message's: their clock_timestamp()s are taken just before each commit.
+    // Published events are in the partitions of the last two two-hour slots (a phase lasts
+    // minutes); any other would be read whole.
     let placed: Vec<(String, String, Stamp, Option<Stamp>)> = sqlx::query_as(
         "SELECT id::text, aggregate_id, created_at, published_at FROM outbox
-         WHERE seq > $1 AND event_type = 'OrderPlaced'",
+         WHERE seq > $1 AND event_type = 'OrderPlaced'
+         UNION ALL
+         SELECT id::text, aggregate_id, created_at, published_at FROM outbox_published
+         WHERE slot IN (outbox_published_slot(now()),
+                        outbox_published_slot(now() - interval '2 hours'))
+           AND seq > $1 AND event_type = 'OrderPlaced'",
     )
     .bind(filled)
     .fetch_all(orders_db)

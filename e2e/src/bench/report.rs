@@ -181,8 +181,13 @@ fn growth_lines(g: &super::growth::Growth) -> Vec<Line> {
                 c.inbox.per_sec()
             ),
             reference: format!(
-                "outbox (deleted) / inbox (a partition emptied), VACUUM included ({:.0}/{:.0} s \
+                "outbox ({}) / inbox (a partition emptied), VACUUM included ({:.0}/{:.0} s \
                  of {:.0}/{:.1} s), while {:.0} orders/s are inserted",
+                if c.outbox.partitions == Some(true) {
+                    "partitions emptied"
+                } else {
+                    "deleted"
+                },
                 c.outbox.vacuum_secs,
                 c.inbox.vacuum_secs,
                 c.outbox.delete_secs + c.outbox.vacuum_secs,

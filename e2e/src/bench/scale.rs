@@ -90,7 +90,7 @@ async fn invoiced_per_sec(orders_db: &PgPool, billing_db: &PgPool) -> anyhow::Re
         .await?;
     all_invoiced(billing_db, orders as u64, Duration::from_secs(120)).await?;
     let first: chrono::DateTime<chrono::Utc> =
-        sqlx::query_scalar("SELECT min(created_at) FROM outbox")
+        sqlx::query_scalar("SELECT min(created_at) FROM outbox_events")
             .fetch_one(orders_db)
             .await?;
     let last: chrono::DateTime<chrono::Utc> =

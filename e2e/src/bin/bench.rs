@@ -70,7 +70,8 @@ async fn main() -> anyhow::Result<()> {
         "steady" => bench::run_steady(&options).await?,
         "max-rate" => bench::run_max_rate(&options).await?,
         "billing" => bench::run_billing(&options).await?,
-        _ => drop(bench::run(&options).await?),
+        // Boxed: the whole run's state is too big for the stack of main's future.
+        _ => drop(Box::pin(bench::run(&options)).await?),
     }
     Ok(())
 }

@@ -171,11 +171,24 @@ pub async fn skip_dead_matching(pool: &PgPool, filter: &DeadFilter) -> sqlx::Res
     storage::resolve_dead(pool, None, filter, Resolution::Skip).await
 }
 
-/// Deletes published and skipped events older than `retention`, `batch` rows per statement.
-/// Returns how many rows were deleted. A `batch` below 1 counts as 1.
+/// The longest retention [`cleanup`] keeps published events for: the ring of
+/// `outbox_published`'s partitions, 96 of two hours, less the one being filled and the one
+/// being emptied.
+pub const MAX_RETENTION: Duration = Duration::from_secs(188 * 3600);
+
+/// Ages out what is older than `retention`: empties each partition of `outbox_published`
+/// whose latest two hours ended `retention` ago (so a published event is kept for at least
+/// `retention` and at most two hours more, and the cleanup's interval), and deletes, `batch` rows per statement,
+/// the skipped events and those a relay of an earlier version marked published in the outbox
+/// itself. Returns how many events were aged out: for an emptied partition, PostgreSQL's count
+/// of its live rows, which a transaction's changes reach within about a second. A `batch`
+/// below 1 counts as 1; a `retention` over [`MAX_RETENTION`] is refused (the database's error
+/// says so) rather than kept short.
 pub async fn cleanup(pool: &PgPool, retention: Duration, batch: i64) -> sqlx::Result<u64> {
-    crate::cleanup::in_batches(batch, |batch| {
+    let emptied = storage::age_out_published(pool, retention).await?;
+    let deleted = crate::cleanup::in_batches(batch, |batch| {
         storage::delete_finished(pool, retention, batch)
     })
-    .await
+    .await?;
+    Ok(emptied + deleted)
 }

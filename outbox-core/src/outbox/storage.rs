@@ -151,6 +151,19 @@ pub(crate) async fn wake(pool: &PgPool) -> sqlx::Result<()> {
     Ok(())
 }
 
+/// Empties the partitions of `outbox_published` whose latest two hours ended `retention` ago
+/// or more; returns about how many events they held.
+pub(crate) async fn age_out_published(pool: &PgPool, retention: Duration) -> sqlx::Result<u64> {
+    let events = sqlx::query_scalar!(
+        r#"SELECT COALESCE(sum(events), 0)::bigint AS "events!"
+           FROM outbox_age_out(make_interval(secs => $1))"#,
+        retention.as_secs_f64(),
+    )
+    .fetch_one(pool)
+    .await?;
+    Ok(events.unsigned_abs())
+}
+
 /// Deletes up to `batch` published or skipped rows created more than `retention` ago.
 pub(crate) async fn delete_finished(
     pool: &PgPool,

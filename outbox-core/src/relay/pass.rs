@@ -148,7 +148,7 @@ impl<P: Publisher> Relay<P> {
             if self.config.delete_published {
                 storage::delete_published(&mut tx, &seqs).await?;
             } else {
-                storage::mark_published(&mut tx, &seqs).await?;
+                storage::move_published(&mut tx, &seqs).await?;
             }
         }
         let dead = if failed.seqs.is_empty() {

@@ -45,13 +45,13 @@ pub(crate) async fn lease(conn: &mut PgConnection, lease: Duration) -> sqlx::Res
 ///   behind. Sorting is priced out, so the ordered index scan is the only cheap way to
 ///   [`claim`]'s limit; the price would pull the claim over `jit_above_cost`, so JIT is off too.
 /// - A prepared statement keeps the generic plan it settled on, and a plan made while the table
-///   was a page or two is a sequential scan: [`mark_published`] would then read the whole
+///   was a page or two is a sequential scan: [`move_published`] would then read the whole
 ///   table for every pass as the table grows, until an `ANALYZE` invalidates the plan.
 ///   Sequential scans are priced out too.
 /// - The commit that records a pass is not waited for (`synchronous_commit = off`): a record
 ///   lost in a crash only publishes its rows again, which the broker and the inbox drop.
 /// - Each statement keeps its generic plan (`plan_cache_mode = force_generic_plan`). Left to
-///   choose, PostgreSQL planned [`mark_published`] afresh for every pass (its array of seqs
+///   choose, PostgreSQL planned [`move_published`] afresh for every pass (its array of seqs
 ///   differs each time), which cost more than running it; with the settings above the generic
 ///   plans read through the indexes.
 ///
@@ -135,10 +135,22 @@ pub(crate) async fn delete_published(conn: &mut PgConnection, seqs: &[i64]) -> s
     Ok(())
 }
 
-/// Marks rows published.
-pub(crate) async fn mark_published(conn: &mut PgConnection, seqs: &[i64]) -> sqlx::Result<()> {
+/// Moves rows, published now, from the outbox to `outbox_published`, in the partition of the
+/// current two hours.
+pub(crate) async fn move_published(conn: &mut PgConnection, seqs: &[i64]) -> sqlx::Result<()> {
     sqlx::query!(
-        "UPDATE outbox SET status = 'published', published_at = now() WHERE seq = ANY($1)",
+        r#"
+        WITH published AS (
+            DELETE FROM outbox WHERE seq = ANY($1)
+            RETURNING seq, id, aggregate_type, aggregate_id, event_type, payload, traceparent,
+                      attempts, created_at
+        )
+        INSERT INTO outbox_published (seq, id, aggregate_type, aggregate_id, event_type, payload,
+                                      traceparent, attempts, created_at, published_at, slot)
+        SELECT seq, id, aggregate_type, aggregate_id, event_type, payload, traceparent, attempts,
+               created_at, now(), outbox_published_slot(now())
+        FROM published
+        "#,
         seqs,
     )
     .execute(conn)
@@ -266,7 +278,7 @@ mod tests {
             let (mut tx, seqs) = claim_seqs(pool).await;
             let before = read_rows(&mut tx).await;
             match record {
-                Record::Published => mark_published(&mut tx, &seqs).await.unwrap(),
+                Record::Published => move_published(&mut tx, &seqs).await.unwrap(),
                 Record::Refused => refuse(&mut tx, &seqs).await,
             }
             let read = read_rows(&mut tx).await - before;
@@ -304,7 +316,7 @@ mod tests {
         for rows in 1..=8 {
             insert(&pool, rows, "pending").await;
             let (mut tx, seqs) = claim_seqs(&pool).await;
-            mark_published(&mut tx, &seqs).await.unwrap();
+            move_published(&mut tx, &seqs).await.unwrap();
             tx.commit().await.unwrap();
         }
         let plans: Vec<(String, i64, i64)> = sqlx::query_as(
@@ -322,11 +334,7 @@ mod tests {
         };
         // (generic, custom): one plan made, then reused.
         assert_eq!(plans_of("WITH claimed AS"), Some((8, 0)), "{plans:?}");
-        assert_eq!(
-            plans_of("UPDATE outbox SET status"),
-            Some((8, 0)),
-            "{plans:?}"
-        );
+        assert_eq!(plans_of("WITH published AS"), Some((8, 0)), "{plans:?}");
     }
 
     /// A migrated outbox behind a pool of one connection.

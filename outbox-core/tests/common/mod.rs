@@ -135,6 +135,21 @@ pub async fn count(pool: &PgPool, table: &str) -> i64 {
         .unwrap()
 }
 
+/// Moves every published event `hours` back in time, into the partition of
+/// `outbox_published` it would then be in, so that a cleanup may age it out; the statistics
+/// the cleanup counts with are written before this returns.
+pub async fn publish_earlier(pool: &PgPool, hours: i32) {
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "SELECT pg_stat_force_next_flush();
+         UPDATE outbox_published
+         SET published_at = published_at - interval '{hours} hours',
+             slot = outbox_published_slot(published_at - interval '{hours} hours')"
+    )))
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
 /// A counter with no constraint behind it: the effect of the inbox tests that is not idempotent.
 pub async fn create_counter(pool: &PgPool) {
     sqlx::raw_sql("CREATE TABLE counter (n int NOT NULL); INSERT INTO counter VALUES (0)")
