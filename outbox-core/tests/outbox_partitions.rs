@@ -1,0 +1,258 @@
+//! Published events in `outbox_published`'s partitions of two hours, against the real
+//! PostgreSQL and nats-server: where the relay puts them, what ages out whole, what row by row,
+//! and what is kept.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{TestStream, count, enqueue, migrate};
+use outbox_core::{Relay, outbox};
+use serde_json::json;
+use sqlx::PgPool;
+
+const DAY: Duration = Duration::from_secs(86_400);
+
+/// Inserts a published event for each of `hours_ago`, published that many hours ago, into the
+/// partition of its two hours; the statistics the cleanup counts with are written before this
+/// returns.
+async fn published(pool: &PgPool, hours_ago: &[i32]) {
+    let hours = hours_ago
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(",");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "SELECT pg_stat_force_next_flush();
+         INSERT INTO outbox_published (seq, id, aggregate_type, aggregate_id, event_type,
+                                       payload, attempts, created_at, published_at, slot)
+         SELECT n, gen_random_uuid(), 'order', 'o' || n, 'OrderPlaced', '{{}}', 0, at, at,
+                outbox_published_slot(at)
+         FROM (SELECT n, now() - make_interval(hours => h) AS at
+               FROM unnest(ARRAY[{hours}]) WITH ORDINALITY AS u(h, n)) AS e"
+    )))
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
+/// The partition that events published `hours` hours ago are in.
+async fn partition(pool: &PgPool, hours: i32) -> String {
+    sqlx::query_scalar(
+        "SELECT format('outbox_published_s%s',
+                       lpad(outbox_published_slot(now() - make_interval(hours => $1))::text,
+                            2, '0'))",
+    )
+    .bind(hours)
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+/// The file a table's rows are in: `TRUNCATE` gives it a new one, `DELETE` does not.
+async fn filenode(pool: &PgPool, table: &str) -> i64 {
+    sqlx::query_scalar("SELECT pg_relation_filenode($1::regclass)::bigint")
+        .bind(table)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+/// The relay moves an event it publishes out of the outbox, whole, into the partition of the
+/// two hours it was published in; `outbox_events` shows it published.
+#[sqlx::test(migrations = false)]
+async fn a_published_event_moves_to_the_partition_of_its_two_hours(pool: PgPool) {
+    migrate(&pool).await;
+    let stream = TestStream::new().await;
+    enqueue(&pool, "o1", "OrderPlaced", json!({"total": 5})).await;
+    let before: (uuid::Uuid, i64) = sqlx::query_as("SELECT id, seq FROM outbox")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+
+    let report = Relay::new(pool.clone(), stream.publisher(), stream.relay_config())
+        .run_once()
+        .await
+        .unwrap();
+
+    assert_eq!(report.published, 1);
+    assert_eq!(count(&pool, "outbox").await, 0);
+    let (id, seq, payload, table, in_its_slot): (uuid::Uuid, i64, serde_json::Value, String, bool) =
+        sqlx::query_as(
+            "SELECT id, seq, payload, tableoid::regclass::text,
+                    slot = outbox_published_slot(published_at) AND published_at >= created_at
+             FROM outbox_published",
+        )
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!((id, seq), before);
+    assert_eq!(payload, json!({"total": 5}));
+    assert!(in_its_slot);
+    let now: String = sqlx::query_scalar(
+        "SELECT format('outbox_published_s%s', lpad(outbox_published_slot(p.published_at)::text,
+                                                    2, '0'))
+         FROM outbox_published AS p",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(table, now);
+    let status: String = sqlx::query_scalar("SELECT status FROM outbox_events WHERE id = $1")
+        .bind(id)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(status, "published");
+    stream.delete().await;
+}
+
+/// With a retention of a day, the partition of events published 30 hours ago (its two hours
+/// ended 28 to 30 hours ago) is emptied whole, its file replaced; the one of 20 hours ago (its
+/// two hours ended 18 to 20 hours ago) and the current one are kept.
+#[sqlx::test(migrations = false)]
+async fn a_partition_is_emptied_whole_once_its_two_hours_are_past_the_retention(pool: PgPool) {
+    migrate(&pool).await;
+    published(&pool, &[30, 30, 20, 0]).await;
+    let (old, kept, current) = (
+        partition(&pool, 30).await,
+        partition(&pool, 20).await,
+        partition(&pool, 0).await,
+    );
+    let file = filenode(&pool, &old).await;
+
+    assert_eq!(outbox::cleanup(&pool, DAY, 100).await.unwrap(), 2);
+    assert_ne!(filenode(&pool, &old).await, file, "emptied whole");
+    assert_eq!(count(&pool, &old).await, 0);
+    assert_eq!(count(&pool, &kept).await, 1);
+    assert_eq!(count(&pool, &current).await, 1);
+    // Nothing else is ready: the next round empties nothing.
+    assert_eq!(outbox::cleanup(&pool, DAY, 100).await.unwrap(), 0);
+    assert_eq!(count(&pool, "outbox_published").await, 2);
+}
+
+/// Events a relay of the previous version marked published in the outbox itself (during a
+/// rolling deploy, or before the migration) and skipped events are deleted row by row past the
+/// retention; dead and pending events and newer finished ones are kept.
+#[sqlx::test(migrations = false)]
+async fn finished_events_left_in_the_outbox_are_deleted_row_by_row(pool: PgPool) {
+    migrate(&pool).await;
+    sqlx::query(
+        "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload, status,
+                             created_at, published_at)
+         SELECT gen_random_uuid(), 'order', 'o' || n, 'OrderPlaced', '{}', status,
+                now() - make_interval(hours => hours), now() - make_interval(hours => hours)
+         FROM unnest(ARRAY['published', 'skipped', 'dead', 'pending', 'published'],
+                     ARRAY[30, 30, 30, 30, 1]) WITH ORDINALITY AS u(status, hours, n)",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+
+    assert_eq!(outbox::cleanup(&pool, DAY, 1).await.unwrap(), 2);
+    let left: Vec<String> = sqlx::query_scalar("SELECT status FROM outbox ORDER BY seq")
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    assert_eq!(left, ["dead", "pending", "published"]);
+}
+
+/// A retention the ring cannot keep is refused, naming the limit, rather than kept short; the
+/// longest it keeps is accepted.
+#[sqlx::test(migrations = false)]
+async fn a_retention_longer_than_the_ring_is_refused(pool: PgPool) {
+    migrate(&pool).await;
+    published(&pool, &[190]).await;
+    let longer = outbox::MAX_RETENTION + Duration::from_secs(1);
+
+    let error = outbox::cleanup(&pool, longer, 100).await.unwrap_err();
+
+    assert!(error.to_string().contains("188 hours"), "{error}");
+    assert_eq!(count(&pool, "outbox_published").await, 1);
+    assert_eq!(
+        outbox::cleanup(&pool, outbox::MAX_RETENTION, 100)
+            .await
+            .unwrap(),
+        1
+    );
+}
+
+/// A partition another transaction holds (for longer than the age-out's 100 ms lock timeout)
+/// is left for a later round instead of failing or stalling the cleanup.
+#[sqlx::test(migrations = false)]
+async fn a_partition_in_use_is_left_for_a_later_round(pool: PgPool) {
+    migrate(&pool).await;
+    published(&pool, &[30]).await;
+    let mut reader = pool.begin().await.unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "LOCK TABLE {} IN ACCESS SHARE MODE",
+        partition(&pool, 30).await
+    )))
+    .execute(&mut *reader)
+    .await
+    .unwrap();
+
+    assert_eq!(outbox::cleanup(&pool, DAY, 100).await.unwrap(), 0);
+    reader.rollback().await.unwrap();
+    assert_eq!(outbox::cleanup(&pool, DAY, 100).await.unwrap(), 1);
+    assert_eq!(count(&pool, "outbox_published").await, 0);
+}
+
+/// A role granted rights on the outbox before the migration (a service that may not change
+/// the schema) may then read the published events, move them there as its relay publishes,
+/// and age them out through `outbox_age_out`, but not delete or truncate them itself.
+#[sqlx::test(migrations = false)]
+async fn the_migration_grants_what_the_outbox_grants_implied(pool: PgPool) {
+    let mut before = outbox_core::migrate::outbox_migrations();
+    before.migrations = before
+        .migrations
+        .iter()
+        .filter(|m| m.version < 20_261_205_000_012)
+        .cloned()
+        .collect::<Vec<_>>()
+        .into();
+    outbox_core::migrate::run(before, &pool).await.unwrap();
+    let role = format!("outbox_app_{}", uuid::Uuid::new_v4().simple());
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "CREATE ROLE {role} NOLOGIN; GRANT SELECT, INSERT, UPDATE, DELETE ON outbox TO {role}"
+    )))
+    .execute(&pool)
+    .await
+    .unwrap();
+    outbox_core::migrate::outbox(&pool).await.unwrap();
+
+    let held: Vec<String> = sqlx::query_scalar(
+        "SELECT c.check_ FROM (VALUES
+             ('outbox_published SELECT', has_table_privilege($1, 'outbox_published', 'SELECT')),
+             ('outbox_published INSERT', has_table_privilege($1, 'outbox_published', 'INSERT')),
+             ('outbox_published UPDATE', has_table_privilege($1, 'outbox_published', 'UPDATE')),
+             ('outbox_published DELETE', has_table_privilege($1, 'outbox_published', 'DELETE')),
+             ('outbox_published TRUNCATE',
+              has_table_privilege($1, 'outbox_published', 'TRUNCATE')),
+             ('outbox_events SELECT', has_table_privilege($1, 'outbox_events', 'SELECT')),
+             ('outbox_age_out EXECUTE',
+              has_function_privilege($1, 'outbox_age_out(interval)', 'EXECUTE'))
+         ) AS c(check_, holds)
+         WHERE holds",
+    )
+    .bind(&role)
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "DROP OWNED BY {role}; DROP ROLE {role}"
+    )))
+    .execute(&pool)
+    .await
+    .unwrap();
+
+    assert_eq!(
+        held,
+        [
+            "outbox_published SELECT",
+            "outbox_published INSERT",
+            "outbox_events SELECT",
+            "outbox_age_out EXECUTE"
+        ]
+    );
+}
