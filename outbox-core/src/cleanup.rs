@@ -15,9 +15,9 @@ enum Target {
     Inbox(Inbox),
 }
 
-/// Ages out, every `interval`, what is older than `retention`: published and skipped outbox
-/// rows (deleted in batches), or inbox records (see [`Inbox::cleanup`]). Dead rows and dead
-/// letters are never deleted.
+/// Ages out, every `interval`, what is older than `retention`: published events (partitions
+/// emptied whole) and skipped ones (see [`crate::outbox::cleanup`]), or inbox records (see
+/// [`Inbox::cleanup`]). Dead rows and dead letters are never deleted.
 #[derive(Debug, Clone)]
 pub struct Cleanup {
     target: Target,

@@ -14,13 +14,14 @@
 //! Modules:
 //! - [`event`]: the event a caller enqueues, and the rules its names follow;
 //! - [`outbox`]: [`enqueue`] in the caller's transaction, stats, dead letters and cleanup;
-//! - [`relay`]: the background task that claims pending rows and publishes them; its module
-//!   doc names every mechanism that keeps each aggregate's events in order, and its `storage`
-//!   holds the relay's SQL (the claim among it);
+//! - [`relay`]: the background task that claims pending rows, publishes them and moves them to
+//!   `outbox_published`; its module doc names every mechanism that keeps each aggregate's
+//!   events in order, and its `storage` holds the relay's SQL (the claim among it);
 //! - [`headers`]: the NATS header names of a relayed message (CloudEvents, trace context);
 //! - [`publisher`]: the [`Publisher`] trait and its JetStream implementation, stream set-up;
 //! - [`inbox`]: at-most-once effects per consumer, stats, dead letters and cleanup;
-//! - [`cleanup`]: the background task that deletes finished rows after their retention;
+//! - [`cleanup`]: the background task that ages out published events and inbox records after
+//!   their retention, emptying partitions whole;
 //! - [`backoff`]: exponential backoff with jitter for failed publishes;
 //! - [`migrate`]: the tables this crate needs, as sqlx migrators;
 //! - [`wakeup`]: waking relays after a commit, at no cost to the committing transaction;

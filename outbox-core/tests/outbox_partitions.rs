@@ -256,3 +256,59 @@ async fn the_migration_grants_what_the_outbox_grants_implied(pool: PgPool) {
         ]
     );
 }
+
+/// An event is found by its id (the relay's, UUIDv7) through the partitions' BRIN index, reading
+/// a few blocks of the 100,000 events published in the last 100 seconds, not all of them.
+#[sqlx::test(migrations = false)]
+async fn an_event_is_found_by_its_id_without_reading_its_partition_whole(pool: PgPool) {
+    migrate(&pool).await;
+    // Ids made a millisecond apart, as the relay publishes them.
+    sqlx::query(
+        "INSERT INTO outbox_published (seq, id, aggregate_type, aggregate_id, event_type,
+                                       payload, attempts, created_at, published_at, slot)
+         SELECT n, encode(overlay(uuid_send(gen_random_uuid()) placing
+                    substring(int8send((extract(epoch FROM at) * 1000)::bigint) FROM 3)
+                    FROM 1 FOR 6), 'hex')::uuid,
+                'order', 'o' || n, 'OrderPlaced', '{}', 0, at, at, outbox_published_slot(at)
+         FROM (SELECT n, now() - (100000 - n) * interval '1 ms' AS at
+               FROM generate_series(1, 100000) AS n) AS e",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    // As autovacuum does for a table written to: the BRIN summarises the blocks filled.
+    sqlx::query("VACUUM ANALYZE outbox_published")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let id: uuid::Uuid =
+        sqlx::query_scalar("SELECT id FROM outbox_published ORDER BY seq OFFSET 50000 LIMIT 1")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    let pages: i64 = sqlx::query_scalar(
+        "SELECT sum(relpages)::bigint FROM pg_class
+         WHERE oid IN (SELECT relid FROM pg_partition_tree('outbox_published'))",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+
+    let plan: serde_json::Value = sqlx::query_scalar(
+        "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) SELECT * FROM outbox_events WHERE id = $1",
+    )
+    .bind(id)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    let found = plan[0]["Plan"]["Actual Rows"].as_i64().unwrap();
+    let blocks = plan[0]["Plan"]["Shared Hit Blocks"].as_i64().unwrap()
+        + plan[0]["Plan"]["Shared Read Blocks"].as_i64().unwrap();
+
+    assert_eq!(found, 1);
+    assert!(pages > 500, "the partition is {pages} pages");
+    assert!(
+        blocks < pages / 10,
+        "{blocks} blocks read of {pages}: {plan}"
+    );
+}

@@ -23,9 +23,8 @@ AS $$
     SELECT (floor(extract(epoch FROM at) / 7200)::bigint % 96)::smallint
 $$;
 
--- No index: nothing on the relay's path reads this table, and every index would cost each
--- published event an entry. An operator looking for an event filters a partition or two by
--- `published_at`.
+-- Nothing on the relay's path reads this table: its one index is a BRIN (below), which costs
+-- an insert next to nothing.
 CREATE TABLE outbox_published (
     seq            BIGINT      NOT NULL,
     id             UUID        NOT NULL,
@@ -41,6 +40,12 @@ CREATE TABLE outbox_published (
     -- outbox_published_slot(published_at): which partition holds the event.
     slot           SMALLINT    NOT NULL
 ) PARTITION BY LIST (slot);
+
+-- An operator looking for an event by its id or publishing time reads a few blocks, not a
+-- partition: the relay's ids are UUIDv7, time-ordered as the rows are written, and so are the
+-- publishing times. A B-tree would cost each published event an entry.
+CREATE INDEX outbox_published_id_published_at ON outbox_published
+    USING brin (id, published_at);
 
 DO $$
 BEGIN
@@ -64,8 +69,9 @@ SELECT seq, id, aggregate_type, aggregate_id, event_type, payload, traceparent, 
 FROM outbox_published;
 
 -- Empties every partition whose latest two hours ended `kept_for` ago or more and that holds
--- events; returns each one's slot and PostgreSQL's count of its live rows (pg_stat, which a
--- transaction's own changes reach within about a second). Runs as the tables' owner, so that
+-- events; returns each one's slot and PostgreSQL's count of its live rows: its statistics
+-- (which a transaction's changes reach within about a second), or where they are lost (a
+-- crash, a database copied from a template) the estimate the last VACUUM or ANALYZE made. Runs as the tables' owner, so that
 -- a role that may not TRUNCATE (a least-privileged service) can age out what it could delete
 -- row by row anyway. A partition another transaction holds for more than 100 ms is left for a
 -- later round. Every event in a partition was published within its latest two hours or in an
@@ -96,7 +102,9 @@ BEGIN
         BEGIN
             EXECUTE format('LOCK TABLE %I IN ACCESS EXCLUSIVE MODE', part);
             emptied_slot := s;
-            events := pg_stat_get_live_tuples(part::regclass);
+            SELECT COALESCE(NULLIF(pg_stat_get_live_tuples(c.oid), 0),
+                            greatest(c.reltuples, 0)::bigint)
+            INTO events FROM pg_class AS c WHERE c.oid = part::regclass;
             EXECUTE format('TRUNCATE %I', part);
             RETURN NEXT;
         EXCEPTION WHEN lock_not_available THEN

@@ -5,8 +5,9 @@
 //!    earlier unpublished events are in the same claim (another relay may hold the rest);
 //! 2. publish in waves: the first event of every aggregate, then the second, and so on, each
 //!    wave pipelined; a failed event drops its aggregate's later events from the pass;
-//! 3. mark the acknowledged rows published (or delete them, see
-//!    [`RelayConfig::delete_published`]) and the failed ones retried later (or dead), commit.
+//! 3. move the acknowledged rows to `outbox_published`, into the partition of the current two
+//!    hours (or delete them, see [`RelayConfig::delete_published`]), and mark the failed ones
+//!    retried later (or dead), commit.
 //!
 //! [`Relay::run`] overlaps passes (`schedule`): one is recorded while the next is claimed and
 //! published; under a backlog one pass is claimed while the one before it is published and the
@@ -98,9 +99,9 @@ pub struct RelayConfig {
     /// by the number of passes in a row that reached nothing. These failures never count
     /// toward `max_attempts`: an outage, however long, makes no event dead.
     pub unreachable_backoff: Backoff,
-    /// Delete rows as they are published instead of marking them `published` (and leaving
-    /// them to [`crate::Cleanup`]). Cheaper for the database: a delete writes no new row
-    /// version and no index entries.
+    /// Delete rows as they are published instead of moving them to `outbox_published` (and
+    /// leaving them to [`crate::Cleanup`]). Cheaper still for the database: the move's insert
+    /// is not made.
     pub delete_published: bool,
     /// Longest a pass holds its claimed rows. PostgreSQL ends the session of a relay that stays
     /// silent inside its transaction for longer (`idle_in_transaction_session_timeout`, set
