@@ -9,7 +9,8 @@
 CREATE ROLE orders_app LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS;
 GRANT USAGE ON SCHEMA public TO orders_app;
 GRANT SELECT, INSERT, UPDATE ON orders TO orders_app;
--- DELETE: the cleanup task removes published events after OUTBOX_RETENTION_MS.
+-- DELETE: the relay moves each event it publishes out of the outbox, and the cleanup task
+-- removes skipped events after OUTBOX_RETENTION_MS.
 GRANT SELECT, INSERT, UPDATE, DELETE ON outbox TO orders_app;
 -- The relay moves each event it publishes to outbox_published; the cleanup task empties its
 -- partitions past OUTBOX_RETENTION_MS through outbox_age_out, which runs as the owner (the

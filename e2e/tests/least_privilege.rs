@@ -74,11 +74,23 @@ async fn invoice_status(client: &reqwest::Client, billing: &str) -> Option<Strin
 
 /// Runs the outbox's cleanup as `role_pool`'s role and checks that it emptied the partition of
 /// the two published events (OrderPlaced and OrderPaid). Only partitions of two hours that are
-/// over are emptied: the owner first moves the events four hours back.
+/// over are emptied, even with a retention of zero: the role's right to run `outbox_age_out`
+/// does not reach the partition being written; the owner then moves the events four hours back.
 async fn age_out_the_published_events(role_pool: &PgPool, database: &str) {
     let owner = PgPool::connect(&testing::database_url(database))
         .await
         .unwrap();
+    let published = || async {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM outbox_published")
+            .fetch_one(&owner)
+            .await
+            .unwrap()
+    };
+    outbox_core::Cleanup::outbox(role_pool.clone(), Duration::ZERO)
+        .run_once()
+        .await
+        .unwrap();
+    assert_eq!(published().await, 2, "the current two hours are kept");
     let moved = sqlx::query(
         "UPDATE outbox_published SET published_at = published_at - interval '4 hours',
                 slot = outbox_published_slot(published_at - interval '4 hours')",
@@ -91,12 +103,9 @@ async fn age_out_the_published_events(role_pool: &PgPool, database: &str) {
         .run_once()
         .await
         .unwrap();
-    let left: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox_published")
-        .fetch_one(&owner)
-        .await
-        .unwrap();
     assert_eq!(
-        left, 0,
+        published().await,
+        0,
         "the cleanup emptied the published events' partition"
     );
     owner.close().await;
@@ -115,6 +124,11 @@ async fn assert_least_privilege(orders: &PgPool, billing: &PgPool) {
     assert_eq!(
         refusal(orders, "DELETE FROM outbox_published").await,
         DENIED
+    );
+    assert_eq!(
+        refusal(orders, "SELECT * FROM outbox_age_out(interval '-1 hour')").await,
+        "22023",
+        "a negative retention"
     );
     assert_eq!(refusal(orders, "DELETE FROM orders").await, DENIED);
     assert_eq!(refusal(billing, "DELETE FROM invoices").await, DENIED);

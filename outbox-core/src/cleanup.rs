@@ -27,7 +27,9 @@ pub struct Cleanup {
 }
 
 impl Cleanup {
-    /// Cleans the outbox in `pool`.
+    /// Cleans the outbox in `pool`. A `retention` over [`outbox::MAX_RETENTION`] fails every
+    /// round's ageing-out of published events (logged as a warning), so check it where it is
+    /// configured, as orders-service's start-up does.
     pub fn outbox(pool: PgPool, retention: Duration) -> Self {
         Self::new(Target::Outbox(pool), retention)
     }

@@ -13,11 +13,21 @@ use sqlx::PgPool;
 
 const DAY: Duration = Duration::from_secs(86_400);
 
-/// Inserts a published event for each of `hours_ago`, published that many hours ago, into the
+/// The middle of the current two hours, as SQL text: events placed relative to it fall in the
+/// same partitions wherever in its two hours the test runs, and a test that reads it once
+/// names the partitions it wrote to even if a boundary passes meanwhile.
+async fn mid_window(pool: &PgPool) -> String {
+    sqlx::query_scalar("SELECT (date_bin('2 hours', now(), 'epoch') + interval '1 hour')::text")
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+/// Inserts a published event for each of `hours_before` `mid`, published then, into the
 /// partition of its two hours; the statistics the cleanup counts with are written before this
 /// returns.
-async fn published(pool: &PgPool, hours_ago: &[i32]) {
-    let hours = hours_ago
+async fn published(pool: &PgPool, mid: &str, hours_before: &[i32]) {
+    let hours = hours_before
         .iter()
         .map(ToString::to_string)
         .collect::<Vec<_>>()
@@ -28,7 +38,7 @@ async fn published(pool: &PgPool, hours_ago: &[i32]) {
                                        payload, attempts, created_at, published_at, slot)
          SELECT n, gen_random_uuid(), 'order', 'o' || n, 'OrderPlaced', '{{}}', 0, at, at,
                 outbox_published_slot(at)
-         FROM (SELECT n, now() - make_interval(hours => h) AS at
+         FROM (SELECT n, '{mid}'::timestamptz - make_interval(hours => h) AS at
                FROM unnest(ARRAY[{hours}]) WITH ORDINALITY AS u(h, n)) AS e"
     )))
     .execute(pool)
@@ -36,13 +46,15 @@ async fn published(pool: &PgPool, hours_ago: &[i32]) {
     .unwrap();
 }
 
-/// The partition that events published `hours` hours ago are in.
-async fn partition(pool: &PgPool, hours: i32) -> String {
+/// The partition that events published `hours` hours before `mid` are in.
+async fn partition(pool: &PgPool, mid: &str, hours: i32) -> String {
     sqlx::query_scalar(
         "SELECT format('outbox_published_s%s',
-                       lpad(outbox_published_slot(now() - make_interval(hours => $1))::text,
+                       lpad(outbox_published_slot($1::timestamptz
+                                                  - make_interval(hours => $2))::text,
                             2, '0'))",
     )
+    .bind(mid)
     .bind(hours)
     .fetch_one(pool)
     .await
@@ -108,16 +120,17 @@ async fn a_published_event_moves_to_the_partition_of_its_two_hours(pool: PgPool)
 }
 
 /// With a retention of a day, the partition of events published 30 hours ago (its two hours
-/// ended 28 to 30 hours ago) is emptied whole, its file replaced; the one of 20 hours ago (its
-/// two hours ended 18 to 20 hours ago) and the current one are kept.
+/// ended 28 hours before the current two hours began) is emptied whole, its file replaced; the
+/// one of 20 hours ago (its two hours ended 18 hours before) and the current one are kept.
 #[sqlx::test(migrations = false)]
 async fn a_partition_is_emptied_whole_once_its_two_hours_are_past_the_retention(pool: PgPool) {
     migrate(&pool).await;
-    published(&pool, &[30, 30, 20, 0]).await;
+    let mid = mid_window(&pool).await;
+    published(&pool, &mid, &[30, 30, 20, 0]).await;
     let (old, kept, current) = (
-        partition(&pool, 30).await,
-        partition(&pool, 20).await,
-        partition(&pool, 0).await,
+        partition(&pool, &mid, 30).await,
+        partition(&pool, &mid, 20).await,
+        partition(&pool, &mid, 0).await,
     );
     let file = filenode(&pool, &old).await;
 
@@ -129,6 +142,98 @@ async fn a_partition_is_emptied_whole_once_its_two_hours_are_past_the_retention(
     // Nothing else is ready: the next round empties nothing.
     assert_eq!(outbox::cleanup(&pool, DAY, 100).await.unwrap(), 0);
     assert_eq!(count(&pool, "outbox_published").await, 2);
+}
+
+/// A partition the ring came round to while the cleanup was stopped holds events of two rounds:
+/// those published 196 hours ago, past a retention of five hours, and those of 4 hours ago, not
+/// yet past it. It is kept whole, the old events longer than the retention rather than the new
+/// ones shorter; once the new ones are past too, it is emptied.
+#[sqlx::test(migrations = false)]
+async fn a_partition_of_two_rounds_is_kept_until_its_newest_events_are_past(pool: PgPool) {
+    migrate(&pool).await;
+    let mid = mid_window(&pool).await;
+    published(&pool, &mid, &[196, 4]).await;
+    assert_eq!(
+        partition(&pool, &mid, 196).await,
+        partition(&pool, &mid, 4).await
+    );
+
+    assert_eq!(
+        outbox::cleanup(&pool, Duration::from_secs(5 * 3600), 100)
+            .await
+            .unwrap(),
+        0
+    );
+    assert_eq!(count(&pool, "outbox_published").await, 2);
+    assert_eq!(
+        outbox::cleanup(&pool, Duration::from_secs(3600), 100)
+            .await
+            .unwrap(),
+        2
+    );
+    assert_eq!(count(&pool, "outbox_published").await, 0);
+}
+
+/// `outbox_age_out` called by hand with a negative retention is refused, and with none (NULL)
+/// empties nothing, rather than taking either for "everything".
+#[sqlx::test(migrations = false)]
+async fn a_negative_or_missing_retention_empties_nothing(pool: PgPool) {
+    migrate(&pool).await;
+    let mid = mid_window(&pool).await;
+    published(&pool, &mid, &[30]).await;
+
+    let error = sqlx::query("SELECT * FROM outbox_age_out(interval '-1 hour')")
+        .execute(&pool)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        error
+            .as_database_error()
+            .and_then(sqlx::error::DatabaseError::code)
+            .as_deref(),
+        Some("22023"),
+        "{error}"
+    );
+    let emptied = sqlx::query("SELECT * FROM outbox_age_out(NULL)")
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    assert!(emptied.is_empty());
+    assert_eq!(count(&pool, "outbox_published").await, 1);
+}
+
+/// Age-outs run one at a time: a second, called while the first's transaction is open, returns
+/// at once and empties nothing, not even a partition the first left (its shorter retention
+/// would take the one of 20 hours ago); once the first has committed, it runs.
+#[sqlx::test(migrations = false)]
+async fn a_second_age_out_beside_a_running_one_empties_nothing(pool: PgPool) {
+    migrate(&pool).await;
+    let mid = mid_window(&pool).await;
+    published(&pool, &mid, &[30, 20]).await;
+    let mut first = pool.begin().await.unwrap();
+    let emptied: Vec<i16> =
+        sqlx::query_scalar("SELECT emptied_slot FROM outbox_age_out(interval '1 day')")
+            .fetch_all(&mut *first)
+            .await
+            .unwrap();
+    assert_eq!(emptied.len(), 1);
+
+    let second: Vec<i16> =
+        sqlx::query_scalar("SELECT emptied_slot FROM outbox_age_out(interval '1 hour')")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert!(second.is_empty(), "{second:?}");
+    first.commit().await.unwrap();
+    assert_eq!(count(&pool, &partition(&pool, &mid, 20).await).await, 1);
+
+    assert_eq!(
+        outbox::cleanup(&pool, Duration::from_secs(3600), 100)
+            .await
+            .unwrap(),
+        1
+    );
+    assert_eq!(count(&pool, "outbox_published").await, 0);
 }
 
 /// Events a relay of the previous version marked published in the outbox itself (during a
@@ -162,7 +267,8 @@ async fn finished_events_left_in_the_outbox_are_deleted_row_by_row(pool: PgPool)
 #[sqlx::test(migrations = false)]
 async fn a_retention_longer_than_the_ring_is_refused(pool: PgPool) {
     migrate(&pool).await;
-    published(&pool, &[190]).await;
+    let mid = mid_window(&pool).await;
+    published(&pool, &mid, &[190]).await;
     let longer = outbox::MAX_RETENTION + Duration::from_secs(1);
 
     let error = outbox::cleanup(&pool, longer, 100).await.unwrap_err();
@@ -177,25 +283,30 @@ async fn a_retention_longer_than_the_ring_is_refused(pool: PgPool) {
     );
 }
 
-/// A partition another transaction holds (for longer than the age-out's 100 ms lock timeout)
-/// is left for a later round instead of failing or stalling the cleanup.
+/// A partition another transaction holds (for longer than the age-out's 100 ms lock timeout),
+/// be it an operator reading it or an administrator locking it whole, is left for a later round
+/// instead of failing or stalling the cleanup.
 #[sqlx::test(migrations = false)]
 async fn a_partition_in_use_is_left_for_a_later_round(pool: PgPool) {
     migrate(&pool).await;
-    published(&pool, &[30]).await;
-    let mut reader = pool.begin().await.unwrap();
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "LOCK TABLE {} IN ACCESS SHARE MODE",
-        partition(&pool, 30).await
-    )))
-    .execute(&mut *reader)
-    .await
-    .unwrap();
+    let mid = mid_window(&pool).await;
+    // A partition each: the count of an emptied one reaches the statistics some time later.
+    for (mode, hours) in [("ACCESS SHARE", 30), ("ACCESS EXCLUSIVE", 40)] {
+        published(&pool, &mid, &[hours]).await;
+        let mut holder = pool.begin().await.unwrap();
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "LOCK TABLE {} IN {mode} MODE",
+            partition(&pool, &mid, hours).await
+        )))
+        .execute(&mut *holder)
+        .await
+        .unwrap();
 
-    assert_eq!(outbox::cleanup(&pool, DAY, 100).await.unwrap(), 0);
-    reader.rollback().await.unwrap();
-    assert_eq!(outbox::cleanup(&pool, DAY, 100).await.unwrap(), 1);
-    assert_eq!(count(&pool, "outbox_published").await, 0);
+        assert_eq!(outbox::cleanup(&pool, DAY, 100).await.unwrap(), 0, "{mode}");
+        holder.rollback().await.unwrap();
+        assert_eq!(outbox::cleanup(&pool, DAY, 100).await.unwrap(), 1, "{mode}");
+        assert_eq!(count(&pool, "outbox_published").await, 0, "{mode}");
+    }
 }
 
 /// A role granted rights on the outbox before the migration (a service that may not change

@@ -6,7 +6,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{TestStream, enqueue, migrate, publish_earlier};
+use common::{TestStream, count, enqueue, migrate, publish_earlier};
 use outbox_core::headers;
 use outbox_core::inbox::Digest;
 use outbox_core::outbox::DeadFilter;
@@ -767,6 +767,11 @@ async fn deleting_relay_keeps_only_unpublished_rows(pool: PgPool) {
         rows().await.is_empty().then_some(())
     })
     .await;
+    assert_eq!(
+        count(&pool, "outbox_published").await,
+        0,
+        "deleted, not moved"
+    );
     assert_eq!(
         stream.published().await,
         ["o1:OrderPlaced", "o2:OrderPlaced"]

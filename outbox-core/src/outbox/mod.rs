@@ -178,18 +178,20 @@ pub const MAX_RETENTION: Duration = Duration::from_secs(188 * 3600);
 
 /// Ages out what is older than `retention`: empties each partition of `outbox_published`
 /// whose latest two hours ended `retention` ago (so a published event is kept for at least
-/// `retention` and at most two hours more, and the cleanup's interval), and deletes, `batch`
-/// rows per statement, the skipped events and those a relay of an earlier version marked
-/// published in the outbox itself. Returns how many events were aged out: for an emptied
-/// partition, PostgreSQL's count of its live rows (its statistics, which a transaction's
-/// changes reach within about a second; where they were lost, the last `VACUUM` or `ANALYZE`'s
-/// estimate). A `batch` below 1 counts as 1; a `retention` over [`MAX_RETENTION`] is refused
-/// (the database's error says so) rather than kept short.
+/// `retention` and, while the cleanup runs every round, at most two hours and one interval
+/// more), and deletes, `batch` rows per statement, the skipped events and those a relay of an
+/// earlier version marked published in the outbox itself. Returns how many events were aged
+/// out: for an emptied partition, PostgreSQL's count of its live rows (its statistics, which
+/// reach a transaction's changes some seconds after it commits; where they were lost, the last
+/// `VACUUM` or `ANALYZE`'s estimate). A `batch` below 1 counts as 1. A `retention` over
+/// [`MAX_RETENTION`] is refused (the database's error says so) rather than kept short: check it
+/// where it is configured. The row-by-row deletion runs even when emptying partitions fails;
+/// the first error is returned.
 pub async fn cleanup(pool: &PgPool, retention: Duration, batch: i64) -> sqlx::Result<u64> {
-    let emptied = storage::age_out_published(pool, retention).await?;
+    let emptied = storage::age_out_published(pool, retention).await;
     let deleted = crate::cleanup::in_batches(batch, |batch| {
         storage::delete_finished(pool, retention, batch)
     })
-    .await?;
-    Ok(emptied + deleted)
+    .await;
+    Ok(emptied? + deleted?)
 }
