@@ -12,7 +12,7 @@ use super::growth::Filled;
 /// relays with the service's default settings, deleting rows as they publish them when
 /// `delete_published` (`OUTBOX_RETENTION_MS=0`), and returns events per second until none is
 /// pending. Fails unless the stream then holds exactly `events` messages. With `filled`, the
-/// outbox is a copy of its filled one, holding its published events besides.
+/// database is a copy of its filled one, holding its published events in `outbox_published`.
 pub async fn drain(
     events: i64,
     relays: usize,

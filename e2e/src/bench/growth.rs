@@ -31,11 +31,11 @@ pub struct Filled {
 /// The growth phase's figures.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Growth {
-    /// Published events in the outbox and records in the inbox before each measurement.
+    /// Published events in `outbox_published` and records in the inbox before each measurement.
     pub rows: i64,
     /// Seconds the filling took (both tables, their indexes, `VACUUM ANALYZE`).
     pub fill_secs: f64,
-    /// The outbox with its indexes and TOAST, per published event, in bytes.
+    /// `outbox_published` with its index and TOAST, per published event, in bytes.
     pub outbox_bytes_per_event: f64,
     /// The inbox with its indexes, per record, in bytes.
     pub inbox_bytes_per_record: f64,

@@ -76,7 +76,7 @@ pub struct Second {
     pub t: u64,
     /// Orders committed.
     pub accepted: u64,
-    /// Events marked published.
+    /// Events recorded published.
     pub relayed: u64,
     /// Invoices committed.
     pub invoiced: u64,

@@ -47,7 +47,7 @@ pub struct Options {
     pub billing_messages: usize,
     /// Pending events of the operator views' backlog.
     pub views_backlog: i64,
-    /// Finished rows in the outbox and in the inbox of the growth phase.
+    /// Published events and inbox records the growth phase fills its tables with.
     pub growth_rows: i64,
     /// Clients of the maximum-rate phases (HTTP and direct sqlx).
     pub connections: usize,

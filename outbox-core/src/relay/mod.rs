@@ -139,7 +139,7 @@ impl RelayConfig {
 pub struct BatchReport {
     /// Rows claimed and eligible (heads of their aggregate within the claim).
     pub claimed: usize,
-    /// Rows acknowledged by the broker and marked published.
+    /// Rows acknowledged by the broker and recorded published.
     pub published: usize,
     /// Rows whose publish failed this pass (including those that became dead).
     pub failed: usize,

@@ -134,8 +134,8 @@ impl<P: Publisher> Relay<P> {
         pass
     }
 
-    /// Marks a pass's acknowledged rows published and its failed ones retried later (or dead),
-    /// commits, and counts the outcome.
+    /// Moves a pass's acknowledged rows to `outbox_published`, marks its failed ones retried
+    /// later (or dead), commits, and counts the outcome.
     pub(super) async fn record(&self, pass: Pass) -> sqlx::Result<BatchReport> {
         let Pass {
             mut report,

@@ -234,7 +234,7 @@ mod tests {
     }
 
     /// A relay starts on a new, small outbox and its connection settles on generic plans; then
-    /// the table grows without being analysed. Marking a pass published must still read only
+    /// the table grows without being analysed. Moving a pass's rows out as published must still read only
     /// the pass's rows, not the table.
     #[sqlx::test(migrations = false)]
     async fn marking_a_pass_reads_its_rows_after_the_table_grew_under_cached_plans(
