@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{DAY_MS, count, count_up, create_counter, migrate, ms_ago, v7_id};
+use common::{DAY_MS, count, count_up, create_counter, filenode, migrate, ms_ago, v7_id};
 use outbox_core::inbox::Digest;
 use outbox_core::{Inbox, Outcome};
 use sqlx::PgPool;
@@ -28,15 +28,6 @@ async fn received(pool: &PgPool, ids: &[&str], days: i64) {
     .execute(pool)
     .await
     .unwrap();
-}
-
-/// The file a table's rows are in: `TRUNCATE` gives it a new one, `DELETE` does not.
-async fn filenode(pool: &PgPool, table: &str) -> i64 {
-    sqlx::query_scalar("SELECT pg_relation_filenode($1::regclass)::bigint")
-        .bind(table)
-        .fetch_one(pool)
-        .await
-        .unwrap()
 }
 
 /// A day's partition is emptied whole (its file replaced, no row deleted) once every record in

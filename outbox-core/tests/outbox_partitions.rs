@@ -6,7 +6,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{TestStream, count, enqueue, migrate};
+use common::{TestStream, count, enqueue, filenode, migrate};
 use outbox_core::{Relay, outbox};
 use serde_json::json;
 use sqlx::PgPool;
@@ -59,15 +59,6 @@ async fn partition(pool: &PgPool, mid: &str, hours: i32) -> String {
     .fetch_one(pool)
     .await
     .unwrap()
-}
-
-/// The file a table's rows are in: `TRUNCATE` gives it a new one, `DELETE` does not.
-async fn filenode(pool: &PgPool, table: &str) -> i64 {
-    sqlx::query_scalar("SELECT pg_relation_filenode($1::regclass)::bigint")
-        .bind(table)
-        .fetch_one(pool)
-        .await
-        .unwrap()
 }
 
 /// The relay moves an event it publishes out of the outbox, whole, into the partition of the

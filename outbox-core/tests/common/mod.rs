@@ -196,3 +196,12 @@ pub fn v7_id(days: i64, n: u64) -> String {
     let ms = ms_ago(days);
     format!("{:08x}-{:04x}-7000-8000-{n:012x}", ms >> 16, ms & 0xffff)
 }
+
+/// The file a table's rows are in: `TRUNCATE` gives it a new one, `DELETE` does not.
+pub async fn filenode(pool: &PgPool, table: &str) -> i64 {
+    sqlx::query_scalar("SELECT pg_relation_filenode($1::regclass)::bigint")
+        .bind(table)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
