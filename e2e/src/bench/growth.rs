@@ -4,7 +4,8 @@
 //! the three UTC days before the last midnight: inside the default retentions, so the
 //! services' cleanup keeps them), and empty ones
 //! made the same way; it copies them for each measurement and runs the relay drain,
-//! `POST /orders` and the steady phase on empty and on filled copies. It also measures the
+//! `POST /orders` and the steady phase on empty and on filled copies, the two sides
+//! interleaved. It also measures the
 //! bytes each event takes on each side, and each side's cleanup deleting aged rows (then a
 //! `VACUUM` throttled as autovacuum's is) while `POST /orders` runs at its maximum rate.
 
@@ -47,15 +48,24 @@ pub struct Growth {
     pub cleanup: Cleanup,
 }
 
-/// The phases the growth compares.
+/// The phases the growth compares, each run [`super::Options::growth_runs`] times.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Phases {
-    /// Relay drain with one relay (rows kept), events per second.
+    /// Relay drain with one relay (rows kept), events per second: the runs' mean.
     pub drain_1_relay_per_sec: f64,
-    /// `POST /orders` at maximum rate, accepted per second.
+    /// `POST /orders` at maximum rate, accepted per second: the runs' mean.
     pub http_orders_per_sec: f64,
-    /// The steady phase, one orders-service.
+    /// The steady phase, one orders-service: the runs' orders together.
     pub steady: super::http::Steady,
+    /// Each run's drain (absent in runs from before the growth phase ran each side twice).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub drain_runs_per_sec: Vec<f64>,
+    /// Each run's `POST /orders` rate.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub http_runs_per_sec: Vec<f64>,
+    /// Each run's steady p99, milliseconds.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub steady_runs_p99_ms: Vec<f64>,
 }
 
 /// Whether ageing-out keeps up: each side's cleanup round (the services' code and batch size)

@@ -69,6 +69,17 @@ pub struct Stages {
     pub in_billing: Latency,
 }
 
+impl Stages {
+    /// The percentiles of each stage's latencies.
+    fn of([to_relay, relay_to_billing, in_billing]: [Vec<f64>; 3]) -> Self {
+        Self {
+            to_relay: Latency::of_unsorted(to_relay),
+            relay_to_billing: Latency::of_unsorted(relay_to_billing),
+            in_billing: Latency::of_unsorted(in_billing),
+        }
+    }
+}
+
 /// One second of the steady phase.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Second {
@@ -103,12 +114,52 @@ pub struct Steady {
     /// Every latency, ascending, for the histogram.
     #[serde(skip)]
     pub latencies_ms: Vec<f64>,
+    /// Every latency of each stage, as `stages_ms` splits them.
+    #[serde(skip)]
+    pub stage_latencies_ms: [Vec<f64>; 3],
     /// Per-second counts.
     pub timeline: Vec<Second>,
     /// orders-service's peak resident set, MiB.
     pub orders_peak_rss_mib: f64,
     /// billing-service's peak resident set, MiB.
     pub billing_peak_rss_mib: f64,
+}
+
+impl Steady {
+    /// Several runs' orders as those of one phase: percentiles over all of them, rates the
+    /// runs' mean, peaks the largest, the timelines one after another.
+    pub fn pooled(runs: Vec<Self>) -> Self {
+        let n = runs.len().max(1) as f64;
+        let mut pooled = Self::default();
+        for run in runs {
+            pooled.sent += run.sent;
+            pooled.failed += run.failed;
+            pooled.accepted_per_sec += run.accepted_per_sec / n;
+            pooled.relayed_per_sec += run.relayed_per_sec / n;
+            pooled.invoiced_per_sec += run.invoiced_per_sec / n;
+            pooled.orders_peak_rss_mib = pooled.orders_peak_rss_mib.max(run.orders_peak_rss_mib);
+            pooled.billing_peak_rss_mib = pooled.billing_peak_rss_mib.max(run.billing_peak_rss_mib);
+            pooled.latencies_ms.extend(run.latencies_ms);
+            for (all, stage) in pooled
+                .stage_latencies_ms
+                .iter_mut()
+                .zip(run.stage_latencies_ms)
+            {
+                all.extend(stage);
+            }
+            let offset = pooled.timeline.len() as u64;
+            pooled
+                .timeline
+                .extend(run.timeline.into_iter().map(|second| Second {
+                    t: second.t + offset,
+                    ..second
+                }));
+        }
+        pooled.latencies_ms.sort_by(f64::total_cmp);
+        pooled.latency_ms = Latency::of(&pooled.latencies_ms);
+        pooled.stages_ms = Stages::of(pooled.stage_latencies_ms.clone());
+        pooled
+    }
 }
 
 pub(super) fn log_dir() -> PathBuf {
@@ -393,11 +444,8 @@ async fn measure(orders_db: &PgPool, billing_db: &PgPool, filled: i64) -> anyhow
             in_billing.extend(ms(*began, *done));
         }
     }
-    let stages_ms = Stages {
-        to_relay: Latency::of_unsorted(to_relay),
-        relay_to_billing: Latency::of_unsorted(relay_to_billing),
-        in_billing: Latency::of_unsorted(in_billing),
-    };
+    let stage_latencies_ms = [to_relay, relay_to_billing, in_billing];
+    let stages_ms = Stages::of(stage_latencies_ms.clone());
     latencies.sort_by(f64::total_cmp);
 
     let second_of = |at: Stamp| (at - first).num_milliseconds().max(0) as u64 / 1000;
@@ -436,6 +484,7 @@ async fn measure(orders_db: &PgPool, billing_db: &PgPool, filled: i64) -> anyhow
         latency_ms: Latency::of(&latencies),
         stages_ms,
         latencies_ms: latencies,
+        stage_latencies_ms,
         timeline,
         ..Steady::default()
     })

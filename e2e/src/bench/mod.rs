@@ -49,6 +49,10 @@ pub struct Options {
     pub views_backlog: i64,
     /// Published events and inbox records the growth phase fills its tables with.
     pub growth_rows: i64,
+    /// Times the growth phase measures each side (empty, filled), interleaved; its steady
+    /// phases each last `steady_for` divided by this, so that each side has as many orders as
+    /// the steady phase.
+    pub growth_runs: usize,
     /// Clients of the maximum-rate phases (HTTP and direct sqlx).
     pub connections: usize,
     /// Length of each maximum-rate phase.
@@ -70,6 +74,7 @@ impl Options {
             billing_messages: 20_000,
             views_backlog: 1_000_000,
             growth_rows: 20_000_000,
+            growth_runs: 2,
             connections: 16,
             max_rate_for: Duration::from_secs(10),
             steady_rate: 500,
@@ -86,6 +91,7 @@ impl Options {
             billing_messages: 1_000,
             views_backlog: 20_000,
             growth_rows: 20_000,
+            growth_runs: 1,
             connections: 4,
             max_rate_for: Duration::from_secs(1),
             steady_rate: 100,
@@ -148,6 +154,9 @@ pub struct Settings {
     pub views_backlog: i64,
     /// See [`Options::growth_rows`].
     pub growth_rows: i64,
+    /// See [`Options::growth_runs`]; 1 in runs from before it.
+    #[serde(default = "one")]
+    pub growth_runs: usize,
     /// See [`Options::connections`].
     pub connections: usize,
     /// See [`Options::max_rate_for`], in seconds.
@@ -235,6 +244,7 @@ pub async fn run(options: &Options) -> anyhow::Result<PathBuf> {
             billing_messages: options.billing_messages,
             views_backlog: options.views_backlog,
             growth_rows: options.growth_rows,
+            growth_runs: options.growth_runs,
             connections: options.connections,
             max_rate_secs: options.max_rate_for.as_secs_f64(),
             steady_rate: options.steady_rate,
@@ -430,39 +440,58 @@ async fn growth(options: &Options) -> anyhow::Result<growth::Growth> {
     Ok(figures)
 }
 
-/// The growth phase's measurements on copies of `empty` and of `filled`.
+/// The growth phase's measurements on copies of `empty` and of `filled`, each side
+/// [`Options::growth_runs`] times in the order empty, filled, filled, empty, …: a drift over
+/// the phase (the disk's write-back after a copy, the page cache) weighs on both sides alike,
+/// and one stall of the machine weighs on one of several runs.
 async fn measure_growth(
     options: &Options,
     empty: &growth::Filled,
     filled: &growth::Filled,
     figures: &mut growth::Growth,
 ) -> anyhow::Result<()> {
-    let both = [("empty", empty), ("filled", filled)];
-    for (tables, seed) in both {
+    let runs: Vec<(&str, &growth::Filled)> = (0..options.growth_runs)
+        .flat_map(|i| {
+            let pair = [("empty", empty), ("filled", filled)];
+            if i % 2 == 0 { pair } else { [pair[1], pair[0]] }
+        })
+        .collect();
+    let steady_for = options.steady_for / u32::try_from(options.growth_runs.max(1))?;
+    let mut steady: [Vec<http::Steady>; 2] = Default::default();
+    for &(tables, seed) in &runs {
         progress(&format!(
             "  relay drain, 1 relay, rows kept, {tables} tables"
         ));
         growth::settle().await;
         let rate = drain::drain(options.drain_events, 1, false, Some(seed)).await?;
         progress(&format!("    {rate:.0} events/s"));
-        figures.phases(seed.rows > 0).drain_1_relay_per_sec = rate;
+        figures.phases(seed.rows > 0).drain_runs_per_sec.push(rate);
     }
-    for (tables, seed) in both {
+    for &(tables, seed) in &runs {
         progress(&format!("  POST /orders at maximum rate, {tables} tables"));
         growth::settle().await;
         let rate = http::max_rate(options.connections, options.max_rate_for, Some(seed)).await?;
         progress(&format!("    {rate:.0} orders/s"));
-        figures.phases(seed.rows > 0).http_orders_per_sec = rate;
+        figures.phases(seed.rows > 0).http_runs_per_sec.push(rate);
     }
-    for (tables, seed) in both {
-        progress(&format!("  steady load, 1 orders-service, {tables} tables"));
+    for &(tables, seed) in &runs {
+        progress(&format!(
+            "  steady load for {steady_for:?}, 1 orders-service, {tables} tables"
+        ));
         growth::settle().await;
-        let steady = http::steady(options.steady_rate, options.steady_for, 1, Some(seed)).await?;
+        let run = http::steady(options.steady_rate, steady_for, 1, Some(seed)).await?;
         progress(&format!(
             "    p50 {:.2} ms, p99 {:.2} ms",
-            steady.latency_ms.p50, steady.latency_ms.p99
+            run.latency_ms.p50, run.latency_ms.p99
         ));
-        figures.phases(seed.rows > 0).steady = steady;
+        steady[usize::from(seed.rows > 0)].push(run);
+    }
+    for (side, runs) in steady.into_iter().enumerate() {
+        let phases = figures.phases(side == 1);
+        phases.steady_runs_p99_ms = runs.iter().map(|r| r.latency_ms.p99).collect();
+        phases.steady = http::Steady::pooled(runs);
+        phases.drain_1_relay_per_sec = mean(&phases.drain_runs_per_sec);
+        phases.http_orders_per_sec = mean(&phases.http_runs_per_sec);
     }
     progress("  the cleanups under POST /orders at maximum rate");
     growth::settle().await;
@@ -479,6 +508,16 @@ async fn measure_growth(
         c.inserted_per_sec
     ));
     Ok(())
+}
+
+/// The mean of `values`.
+fn mean(values: &[f64]) -> f64 {
+    values.iter().sum::<f64>() / values.len().max(1) as f64
+}
+
+/// Serde's default for figures that runs from before them had once.
+fn one() -> usize {
+    1
 }
 
 /// Runs the growth phase alone, then writes `growth.json` and prints its lines; returns the

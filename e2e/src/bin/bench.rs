@@ -4,6 +4,7 @@
 //!   cargo run --release -p e2e --bin bench -- --smoke      # a few seconds, to check it works
 //!   cargo run --release -p e2e --bin bench -- --out DIR    # results folder (default results/)
 //!   cargo run --release -p e2e --bin bench -- --growth-rows N  # the growth phase's table size
+//!   cargo run --release -p e2e --bin bench -- --growth-runs N  # times it measures each side
 //!   cargo run --release -p e2e --bin bench -- --growth-only    # only the growth phase
 //!   cargo run --release -p e2e --bin bench -- --steady-only    # only the steady phases
 //!   cargo run --release -p e2e --bin bench -- --max-rate-only  # only the maximum rates
@@ -18,7 +19,7 @@ use e2e::bench::{self, Options};
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let mut args = std::env::args().skip(1);
-    let (mut smoke, mut growth_rows) = (false, None);
+    let (mut smoke, mut growth_rows, mut growth_runs) = (false, None, None);
     // Which phases: all, or one group of them alone.
     let mut only = "";
     let mut out = PathBuf::from("results");
@@ -35,6 +36,12 @@ async fn main() -> anyhow::Result<()> {
                     Some(rows.parse().map_err(|_| {
                         anyhow::anyhow!("--growth-rows wants a number, not {rows:?}")
                     })?);
+            }
+            "--growth-runs" => {
+                let runs = args.next().unwrap_or_default();
+                growth_runs = Some(runs.parse().ok().filter(|&n| n > 0).ok_or_else(|| {
+                    anyhow::anyhow!("--growth-runs wants a number over 0, not {runs:?}")
+                })?);
             }
             "--out" => out = args.next().map(PathBuf::from).unwrap_or(out),
             "--markdown" => {
@@ -64,6 +71,9 @@ async fn main() -> anyhow::Result<()> {
     };
     if let Some(rows) = growth_rows {
         options.growth_rows = rows;
+    }
+    if let Some(runs) = growth_runs {
+        options.growth_runs = runs;
     }
     match only {
         "growth" => drop(bench::run_growth(&options).await?),
