@@ -2,16 +2,12 @@
 //! greeting and its event in one transaction; the relay beside the handler publishes the event
 //! to JetStream; a consumer counts greetings per name through the inbox, once per event however
 //! often it is delivered (the count is not idempotent: the inbox is what keeps it right).
-//!
-//! ```text
-//! DATABASE_URL=postgres://postgres@127.0.0.1/postgres NATS_URL=nats://127.0.0.1:4222 \
-//!     cargo run -p outbox-core --example greetings
-//! curl localhost:3000/greetings -H 'content-type: application/json' -d '{"name":"Ada"}'
-//! ```
+//! Run `cargo run -p outbox-core --example greetings` with `DATABASE_URL` and `NATS_URL` set;
+//! then `curl localhost:3000/greetings -H 'content-type: application/json' -d '{"name":"Ada"}'`.
 
 use async_nats::jetstream::{self, AckKind, consumer::pull};
 use axum::{Json, Router, extract::State, http::StatusCode, routing::post};
-use outbox_core::inbox::{ConsumeConfig, Digest, NewDeadLetter, consume};
+use outbox_core::inbox::{ConsumeConfig, Digest, NewDeadLetter, consume, message_id};
 use outbox_core::publisher::{StreamSpec, ensure_stream};
 use outbox_core::{Inbox, JetStreamPublisher, NewEvent, Outcome, Relay, RelayConfig, Wakeup};
 use serde::{Deserialize, Serialize};
@@ -25,10 +21,7 @@ struct Greeting {
 }
 
 #[derive(Debug, Clone)]
-struct App {
-    pool: PgPool,
-    wakeup: Wakeup,
-}
+struct App(PgPool, Wakeup); // the handler's state: its pool, and the relay's wake-up
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -89,7 +82,7 @@ pub async fn run(
 
     let app = Router::new()
         .route("/greetings", post(greet))
-        .with_state(App { pool, wakeup });
+        .with_state(App(pool, wakeup));
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown.cancelled_owned())
         .await?;
@@ -98,29 +91,27 @@ pub async fn run(
 }
 
 /// Saves the greeting and its event in one transaction; committing wakes the relay.
-async fn greet(State(app): State<App>, Json(greeting): Json<Greeting>) -> StatusCode {
+async fn greet(State(App(pool, wakeup)): State<App>, Json(greeting): Json<Greeting>) -> StatusCode {
     let id = uuid::Uuid::now_v7();
     let Ok(event) = NewEvent::new("greeting", id.to_string(), "Greeted", &greeting) else {
         return StatusCode::UNPROCESSABLE_ENTITY;
     };
     let saved: sqlx::Result<()> = async {
-        let mut tx = app.pool.begin().await?;
+        let mut tx = pool.begin().await?;
         sqlx::query("INSERT INTO greetings (id, name) VALUES ($1, $2)")
             .bind(id)
             .bind(&greeting.name)
             .execute(&mut *tx)
             .await?;
         outbox_core::enqueue(&mut tx, &event).await?;
-        outbox_core::commit(tx, &app.wakeup).await
+        outbox_core::commit(tx, &wakeup).await
     }
     .await;
-    match saved {
-        Ok(()) => StatusCode::CREATED,
-        Err(error) => {
-            tracing::error!(error = %error, "saving a greeting failed");
-            StatusCode::INTERNAL_SERVER_ERROR
-        }
+    if let Err(error) = saved {
+        tracing::error!(error = %error, "saving a greeting failed");
+        return StatusCode::INTERNAL_SERVER_ERROR;
     }
+    StatusCode::CREATED
 }
 
 /// Counts the greeting once: the inbox records the message's `ce-id` in the transaction that
@@ -128,8 +119,8 @@ async fn greet(State(app): State<App>, Json(greeting): Json<Greeting>) -> Status
 /// never be counted is kept as a dead letter and acknowledged; after any other error the
 /// message is delivered again.
 async fn apply(inbox: &Inbox, message: &jetstream::Message) -> anyhow::Result<AckKind> {
-    let id = outbox_core::inbox::message_id(message);
-    let rejected = match (id, serde_json::from_slice::<Greeting>(&message.payload)) {
+    let id = message_id(message);
+    let rejected = match (id, serde_json::from_slice(&message.payload)) {
         (Some(id), Ok(Greeting { name })) => {
             let digest = Digest::of(&[&message.payload]);
             let outcome = inbox.process(id, &digest, |conn| {
