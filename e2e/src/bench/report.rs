@@ -38,7 +38,8 @@ fn lines(r: &Results) -> Vec<Line> {
     lines
 }
 
-/// The figures with a bar.
+/// The figures with a bar. A ratio compared with its bar shows a decimal, so that one just
+/// short of it (89.96%) does not read as meeting it ("90%").
 fn bars(r: &Results) -> Vec<Line> {
     let plain = r.plain_tx_per_sec;
     let drain = |figure, rate: f64| {
@@ -47,7 +48,7 @@ fn bars(r: &Results) -> Vec<Line> {
             figure,
             value: format!("{rate:.0} events/s"),
             reference: format!(
-                "{:.0}% of raw publish ({:.0} msgs/s)",
+                "{:.1}% of raw publish ({:.0} msgs/s)",
                 ratio * 100.0,
                 r.raw_publish_per_sec
             ),
@@ -59,7 +60,7 @@ fn bars(r: &Results) -> Vec<Line> {
         figure,
         value,
         reference: format!(
-            "{:.0}% of the plain transaction ({plain:.0} tx/s)",
+            "{:.1}% of the plain transaction ({plain:.0} tx/s)",
             rate / plain * 100.0
         ),
         bar,
@@ -143,7 +144,7 @@ fn growth_lines(g: &super::growth::Growth) -> Vec<Line> {
     let of_empty = |figure, value: String, ratio: f64, empty: String, runs: String| Line {
         figure,
         value,
-        reference: format!("{:.0}% of empty ({empty}); {rows}{runs}", ratio * 100.0),
+        reference: format!("{:.1}% of empty ({empty}); {rows}{runs}", ratio * 100.0),
         bar: ">= 90%",
         met: ratio >= 0.9,
     };
