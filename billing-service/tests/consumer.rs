@@ -114,7 +114,10 @@ impl TestApp {
             headers.insert(headers::SOURCE, "/test");
             headers.insert(headers::SUBJECT, order_id);
             // A fresh Nats-Msg-Id so the broker does not drop deliberate duplicates.
-            headers.insert("Nats-Msg-Id", uuid::Uuid::new_v4().to_string().as_str());
+            headers.insert(
+                async_nats::header::NATS_MESSAGE_ID,
+                uuid::Uuid::new_v4().to_string().as_str(),
+            );
             let subject = format!("{}.{event_type}.{order_id}", self.prefix);
             let ack = self
                 .jetstream
@@ -537,7 +540,10 @@ async fn publish_hostile_list(app: &TestApp) {
         let subject = format!("{}.OrderPlaced.{order_id}", app.prefix);
         async {
             let mut headers = headers;
-            headers.insert("Nats-Msg-Id", uuid::Uuid::new_v4().to_string().as_str());
+            headers.insert(
+                async_nats::header::NATS_MESSAGE_ID,
+                uuid::Uuid::new_v4().to_string().as_str(),
+            );
             let ack = app
                 .jetstream
                 .publish_with_headers(subject, headers, body.into())
@@ -580,7 +586,7 @@ async fn publish_hostile_list(app: &TestApp) {
     // A NUL in the subject (UTF-8, so it is delivered) of a message that is dead-lettered.
     let subject = format!("{}.OrderPlaced.h\0subject", app.prefix);
     let mut headers = with_id("m-nul-subject");
-    headers.insert("Nats-Msg-Id", "m-nul-subject");
+    headers.insert(async_nats::header::NATS_MESSAGE_ID, "m-nul-subject");
     let ack = app
         .jetstream
         .publish_with_headers(subject, headers, "not json".into())
@@ -770,7 +776,7 @@ async fn a_message_older_than_the_inbox_retention_is_not_applied() {
     headers.insert(headers::ID, "m-old");
     headers.insert(headers::TYPE, "OrderPlaced");
     headers.insert(headers::TIME, old.to_rfc3339().as_str());
-    headers.insert("Nats-Msg-Id", "m-old");
+    headers.insert(async_nats::header::NATS_MESSAGE_ID, "m-old");
     let subject = format!("{}.OrderPlaced.o-old", app.prefix);
     let ack = app
         .jetstream

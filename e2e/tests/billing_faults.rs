@@ -30,7 +30,7 @@ async fn publish(
     headers.insert(headers::ID, id.as_str());
     headers.insert(headers::TYPE, event_type);
     headers.insert(headers::SUBJECT, order_id);
-    headers.insert("Nats-Msg-Id", id.as_str());
+    headers.insert(async_nats::header::NATS_MESSAGE_ID, id.as_str());
     let subject = format!("{prefix}.{event_type}.{order_id}");
     let ack = jetstream
         .publish_with_headers(subject, headers, body.into())

@@ -163,7 +163,12 @@ async fn orders_ops_page_retries_a_dead_event() {
             let mut ids = Vec::new();
             for seq in state.first_sequence..=state.last_sequence {
                 let message = stream.get_raw_message(seq).await.ok()?;
-                ids.push(message.headers.get("Nats-Msg-Id")?.to_string());
+                ids.push(
+                    message
+                        .headers
+                        .get(async_nats::header::NATS_MESSAGE_ID)?
+                        .to_string(),
+                );
             }
             Some(ids)
         })
@@ -194,7 +199,7 @@ async fn billing_ops_page_skips_a_dead_letter() {
         let mut headers = async_nats::HeaderMap::new();
         headers.insert(headers::ID, id);
         headers.insert(headers::TYPE, "OrderPlaced");
-        headers.insert("Nats-Msg-Id", id);
+        headers.insert(async_nats::header::NATS_MESSAGE_ID, id);
         js.publish_with_headers(
             format!("{}.OrderPlaced.{order}", names.prefix),
             headers,

@@ -477,7 +477,10 @@ async fn messages_carry_cloudevents_headers(pool: PgPool) {
     let header = |name: &str| message.headers.get(name).map(|v| v.as_str().to_owned());
     assert_eq!(header(headers::SPECVERSION).as_deref(), Some("1.0"));
     assert_eq!(header(headers::ID), Some(id.to_string()));
-    assert_eq!(header("Nats-Msg-Id"), Some(id.to_string()));
+    assert_eq!(
+        header(async_nats::header::NATS_MESSAGE_ID.as_ref()),
+        Some(id.to_string())
+    );
     assert_eq!(header(headers::TYPE).as_deref(), Some("OrderPlaced"));
     assert_eq!(header(headers::SOURCE).as_deref(), Some("/test"));
     assert_eq!(header(headers::SUBJECT).as_deref(), Some("o9"));

@@ -31,7 +31,7 @@ pub async fn drain(messages: usize, apply_batch: Option<usize>) -> anyhow::Resul
             headers.insert(headers::ID, id.as_str());
             headers.insert(headers::TYPE, "OrderPlaced");
             headers.insert(headers::SUBJECT, format!("b{i}").as_str());
-            headers.insert("Nats-Msg-Id", id.as_str());
+            headers.insert(async_nats::header::NATS_MESSAGE_ID, id.as_str());
             let subject = format!("{prefix}.OrderPlaced.b{i}");
             let body = format!(
                 r#"{{"orderId":"b{i}","customer":"bench","totalMinor":1999,"status":"placed"}}"#

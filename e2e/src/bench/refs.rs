@@ -42,7 +42,10 @@ pub async fn raw_publish(messages: usize) -> anyhow::Result<f64> {
         &js,
         (0..messages).map(|i| {
             let mut headers = HeaderMap::new();
-            headers.insert("Nats-Msg-Id", uuid::Uuid::now_v7().to_string().as_str());
+            headers.insert(
+                async_nats::header::NATS_MESSAGE_ID,
+                uuid::Uuid::now_v7().to_string().as_str(),
+            );
             let subject = format!("{prefix}.OrderPlaced.o{}", i % 10_000);
             (subject, headers, sample_payload(i))
         }),
