@@ -111,14 +111,16 @@ where
             }
             None => return Err(ConsumeError::Ended(last_error)),
         };
+        let header = |name| {
+            let value = message.headers.as_ref()?.get(name)?;
+            Some(value.as_str())
+        };
+        // The producer's trace context, so that the message's logs can be found from its trace.
         let span = tracing::info_span!(
             "message",
             messaging.destination.name = %message.subject,
-            messaging.message.id = message
-                .headers
-                .as_ref()
-                .and_then(|h| h.get(headers::ID))
-                .map(async_nats::HeaderValue::as_str),
+            messaging.message.id = header(headers::ID),
+            traceparent = header(headers::TRACEPARENT),
             deliveries = message.info().map_or(0, |info| info.delivered),
         );
         let applied = apply(inbox, &message).instrument(span.clone()).await;
