@@ -178,9 +178,10 @@ pub const MAX_RETENTION: Duration = Duration::from_secs(188 * 3600);
 
 /// Ages out what is older than `retention`: empties each partition of `outbox_published`
 /// whose latest two hours ended `retention` ago (so a published event is kept for at least
-/// `retention` and, while the cleanup runs every round, at most two hours and one interval
-/// more), and deletes, `batch` rows per statement, the skipped events and those a relay of an
-/// earlier version marked published in the outbox itself. Returns how many events were aged
+/// `retention` from its `published_at`, when the relay's pass that published it began, and
+/// while the cleanup runs every round at most two hours and one interval more), and deletes,
+/// `batch` rows per statement, the skipped events and those a relay of an earlier version
+/// marked published in the outbox itself. Returns how many events were aged
 /// out: for an emptied partition, PostgreSQL's count of its live rows (its statistics, which
 /// reach a transaction's changes some seconds after it commits; where they were lost, the last
 /// `VACUUM` or `ANALYZE`'s estimate). A `batch` below 1 counts as 1. A `retention` over
