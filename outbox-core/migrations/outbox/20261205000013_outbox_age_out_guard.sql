@@ -8,8 +8,7 @@
 --   check runs before the partition's lock and again under it (which waits for a relay still
 --   writing there), and reads its BRIN index, summarised first: a few blocks.
 -- * A retention is compared as seconds (a day 24 hours, a month 30 days), so an interval
---   written in days means the same on a day with a daylight-saving change, and one mixing
---   signs ('1 day -25 hours') is refused as the negative retention it is.
+--   written in days means the same on a day with a daylight-saving change.
 -- * Every built-in function is called as pg_catalog's and every operator gets operands of the
 --   exact types pg_catalog's takes: the function runs as the tables' owner, and a function or
 --   operator someone created in the schema that matched a call's types better would otherwise
@@ -60,9 +59,14 @@ BEGIN
                 IF attempt = 1 THEN
                     -- The blocks written since the last VACUUM are not summarised yet (the
                     -- last fifth of a partition, as autovacuum leaves it), and the check
-                    -- would read them all under the lock.
+                    -- would read them all under the lock. Only BRIN indexes: an operator's
+                    -- B-tree beside them is no reason to fail.
                     PERFORM pg_catalog.brin_summarize_new_values(i.indexrelid::regclass)
-                    FROM pg_catalog.pg_index AS i WHERE i.indrelid = part::regclass::oid;
+                    FROM pg_catalog.pg_index AS i
+                    JOIN pg_catalog.pg_class AS ic ON ic.oid = i.indexrelid
+                    JOIN pg_catalog.pg_am AS am ON am.oid = ic.relam
+                    WHERE i.indrelid = part::regclass::oid AND am.amname = 'brin'::name
+                      AND i.indisvalid;
                 END IF;
                 -- Holds events, none of them published after the cutoff by the clock as it
                 -- was (it stepped back since).
@@ -91,7 +95,8 @@ $$;
 -- CREATE OR REPLACE dropped the search path set after the first version.
 DO $$
 BEGIN
-    EXECUTE format('ALTER FUNCTION outbox_age_out(INTERVAL) SET search_path = %I, pg_temp',
-                   current_schema());
+    EXECUTE pg_catalog.format(
+        'ALTER FUNCTION outbox_age_out(INTERVAL) SET search_path = %I, pg_temp',
+        pg_catalog.current_schema());
 END
 $$;
