@@ -344,6 +344,23 @@ async fn functions_created_in_the_schema_do_not_run_in_the_age_out(pool: PgPool)
     assert_eq!(count(&pool, &partition(&pool, &mid, 20).await).await, 1);
 }
 
+/// An index an operator adds to `outbox_published` for lookups (a B-tree beside the BRIN the
+/// age-out summarises) does not stop the age-out.
+#[sqlx::test(migrations = false)]
+async fn an_operators_btree_index_does_not_stop_the_age_out(pool: PgPool) {
+    migrate(&pool).await;
+    let mid = mid_window(&pool).await;
+    published(&pool, &mid, &[30]).await;
+    sqlx::query("CREATE INDEX ON outbox_published (aggregate_id)")
+        .execute(&pool)
+        .await
+        .unwrap();
+
+    outbox::cleanup(&pool, DAY, 100).await.unwrap();
+
+    assert_eq!(count(&pool, "outbox_published").await, 0);
+}
+
 /// A partition another transaction holds (for longer than the age-out's 100 ms lock timeout),
 /// be it an operator reading it or an administrator locking it whole, is left for a later round
 /// instead of failing or stalling the cleanup.
