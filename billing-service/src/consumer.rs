@@ -28,9 +28,9 @@ use std::time::Duration;
 use async_nats::HeaderMap;
 use async_nats::jetstream::{self, AckKind, consumer::PullConsumer, consumer::pull};
 use futures::StreamExt as _;
-use outbox_core::headers;
-use outbox_core::inbox::{self, Digest, NewDeadLetter};
-use outbox_core::{BatchError, Inbox, InboxError, Outcome};
+use jetstream_outbox::headers;
+use jetstream_outbox::inbox::{self, Digest, NewDeadLetter};
+use jetstream_outbox::{BatchError, Inbox, InboxError, Outcome};
 use serde::Deserialize;
 use tokio::task::{JoinError, JoinSet};
 use tokio_util::sync::CancellationToken;
@@ -635,7 +635,7 @@ fn parse(headers: &HeaderMap, payload: &[u8]) -> Result<Option<Change>, String> 
     // another message's id, or could not be stored at all.
     match header(headers, headers::ID) {
         None => return Err("missing ce-id".into()),
-        Some(id) if !outbox_core::event::is_valid_token(id) => {
+        Some(id) if !jetstream_outbox::event::is_valid_token(id) => {
             return Err(format!(
                 "invalid ce-id of {} bytes: must be 1-128 of [A-Za-z0-9_:@-] (a UUID is)",
                 id.len()
@@ -648,7 +648,7 @@ fn parse(headers: &HeaderMap, payload: &[u8]) -> Result<Option<Change>, String> 
     }
     let event: OrderEvent = serde_json::from_slice(payload)
         .map_err(|e| format!("invalid {event_type} payload: {e}"))?;
-    if !outbox_core::event::is_valid_token(&event.order_id) {
+    if !jetstream_outbox::event::is_valid_token(&event.order_id) {
         return Err(format!("invalid orderId in {event_type}"));
     }
     Ok(Some(match event_type {

@@ -2,7 +2,7 @@
 //! (admin only).
 
 use axum::extract::State;
-use outbox_core::inbox::{DeadLetter, DeadLetterFilter, InboxStats};
+use jetstream_outbox::inbox::{DeadLetter, DeadLetterFilter, InboxStats};
 use serde::{Deserialize, Serialize};
 use service_kit::admin::{Admin, AdminRefusals};
 use service_kit::dead::{self, BulkOutcome};

@@ -1,6 +1,6 @@
 //! billing-service: turns order events into invoices, exactly one per order.
 //!
-//! A durable JetStream pull consumer feeds each message through the `outbox-core` inbox: the
+//! A durable JetStream pull consumer feeds each message through the `jetstream-outbox` inbox: the
 //! message id is recorded in the same transaction as the invoice change, and the message is
 //! acknowledged only after that transaction committed. Redeliveries find the inbox row and do
 //! nothing; messages that cannot be parsed or applied become dead letters.

@@ -20,8 +20,8 @@ use std::time::Duration;
 
 use async_nats::jetstream;
 use base64::Engine as _;
-use outbox_core::Inbox;
-use outbox_core::inbox::NewDeadLetter;
+use jetstream_outbox::Inbox;
+use jetstream_outbox::inbox::NewDeadLetter;
 use serde::Deserialize;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use anyhow::Context as _;
 use axum::Router;
 use axum::extract::FromRef;
-use outbox_core::{Cleanup, Inbox};
+use jetstream_outbox::{Cleanup, Inbox};
 use service_kit::admin::{AdminSecurity, AdminToken};
 use service_kit::http::{self, BackgroundTask, Health};
 use service_kit::infra;
@@ -34,7 +34,7 @@ pub struct AppState {
     /// The admin endpoints' token.
     pub admin: AdminToken,
     /// The inbox gauge of `/metrics`, computed at most once per second.
-    pub gauges: Arc<Cached<outbox_core::inbox::InboxStats>>,
+    pub gauges: Arc<Cached<jetstream_outbox::inbox::InboxStats>>,
 }
 
 #[derive(OpenApi)]
@@ -62,10 +62,10 @@ pub fn router(state: AppState, limits: http::Limits) -> Router {
     http::finish(api().with_state(state), limits)
 }
 
-/// The migrations of this service's database: the `outbox-core` inbox tables and its own.
+/// The migrations of this service's database: the `jetstream-outbox` inbox tables and its own.
 pub fn migrations() -> Vec<(&'static str, Migrator)> {
     vec![
-        ("inbox", outbox_core::migrate::inbox_migrations()),
+        ("inbox", jetstream_outbox::migrate::inbox_migrations()),
         ("billing", sqlx::migrate!("../migrations/billing")),
     ]
 }

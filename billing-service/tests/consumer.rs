@@ -6,7 +6,7 @@ use std::time::Duration;
 use async_nats::HeaderMap;
 use billing_service::{App, Config};
 use bytes::Bytes;
-use outbox_core::headers;
+use jetstream_outbox::headers;
 use serde_json::{Value, json};
 use service_kit::testing::{self, Running, eventually};
 use sqlx::PgPool;
@@ -720,7 +720,7 @@ async fn only_not_yet_outcomes_count_toward_a_dead_letter() {
     let app = TestApp::spawn().await;
     let max_retries = Config::from_env().unwrap().consumer.max_retries;
     let rules = billing_service::consumer::Rules::new(
-        outbox_core::Inbox::new(app.pool.clone(), "rules-test"),
+        jetstream_outbox::Inbox::new(app.pool.clone(), "rules-test"),
         max_retries,
     );
     let message = |id: &str, event_type: &str| {

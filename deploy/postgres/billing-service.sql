@@ -15,7 +15,7 @@ GRANT SELECT, INSERT, UPDATE, DELETE ON inbox_entries TO billing_app;
 -- Empties a day's partition of inbox_entries once all its records are past the retention (it
 -- runs as the owner: the role itself may not TRUNCATE).
 GRANT EXECUTE ON FUNCTION inbox_age_out(TEXT, INTERVAL) TO billing_app;
--- The records of outbox-core's earlier versions, read until they age out.
+-- The records of jetstream-outbox's earlier versions, read until they age out.
 GRANT SELECT, INSERT, UPDATE, DELETE ON inbox_records, inbox TO billing_app;
 -- The counts the inbox keeps as it records and deletes.
 GRANT SELECT, INSERT, UPDATE ON inbox_day_counts, inbox_counts TO billing_app;

@@ -5,7 +5,7 @@ use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use futures::StreamExt as _;
-use outbox_core::headers;
+use jetstream_outbox::headers;
 use sqlx::PgPool;
 
 use crate::load::Ledger;

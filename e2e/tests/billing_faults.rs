@@ -9,7 +9,7 @@ use async_nats::jetstream::{self, Context};
 use e2e::process::NatsServer;
 use e2e::proxy::Proxy;
 use e2e::{Names, RunningApp, eventually};
-use outbox_core::headers;
+use jetstream_outbox::headers;
 use serde_json::json;
 use service_kit::testing;
 use sqlx::{ConnectOptions as _, PgPool};

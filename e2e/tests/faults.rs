@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use e2e::cluster::{Cluster, Setup};
 use e2e::eventually;
-use outbox_core::NewEvent;
+use jetstream_outbox::NewEvent;
 use serde_json::json;
 
 /// Orders accepted between two faults.
@@ -109,7 +109,7 @@ async fn late_commit_is_still_published() {
     let payload =
         json!({"orderId": "late-1", "customer": "late", "totalMinor": 4242, "status": "placed"});
     let event = NewEvent::new("order", "late-1", "OrderPlaced", &payload).unwrap();
-    outbox_core::enqueue(&mut tx, &event).await.unwrap();
+    jetstream_outbox::enqueue(&mut tx, &event).await.unwrap();
     load.progress(STEP).await;
     tx.commit().await.unwrap();
     load.ledger.accept("late-1", 4242);

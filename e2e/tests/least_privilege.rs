@@ -86,7 +86,7 @@ async fn age_out_the_published_events(role_pool: &PgPool, database: &str) {
             .await
             .unwrap()
     };
-    let cleanup = outbox_core::Cleanup::outbox(role_pool.clone(), Duration::from_secs(3600));
+    let cleanup = jetstream_outbox::Cleanup::outbox(role_pool.clone(), Duration::from_secs(3600));
     cleanup.run_once().await.unwrap();
     assert_eq!(published().await, 2, "events within the retention are kept");
     let moved = sqlx::query(
@@ -221,7 +221,7 @@ async fn services_run_as_roles_that_cannot_change_the_schema() {
     .await;
     // The cleanup tasks' statements, as the roles (their tasks run them once a minute).
     age_out_the_published_events(&orders.pool, &names.orders_db).await;
-    let inbox = outbox_core::inbox::Inbox::new(billing.pool.clone(), "billing");
+    let inbox = jetstream_outbox::inbox::Inbox::new(billing.pool.clone(), "billing");
     assert_eq!(inbox.cleanup(Duration::ZERO, 100).await.unwrap(), 2);
 
     assert_least_privilege(&orders.pool, &billing.pool).await;

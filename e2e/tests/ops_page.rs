@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use async_nats::jetstream;
 use e2e::{Names, RunningApp, eventually};
-use outbox_core::headers;
+use jetstream_outbox::headers;
 use serde_json::{Value, json};
 use service_kit::testing;
 

@@ -8,9 +8,9 @@ use std::time::Duration;
 use async_nats::jetstream::context::ContextBuilder;
 use e2e::proxy::Proxy;
 use e2e::{Names, RunningApp, eventually};
+use jetstream_outbox::testing::{Fault, FaultyPublisher};
+use jetstream_outbox::{Backoff, JetStreamPublisher, Message, PublishError, Publisher, Relay};
 use orders_service::orders::{self, NewOrder};
-use outbox_core::testing::{Fault, FaultyPublisher};
-use outbox_core::{Backoff, JetStreamPublisher, Message, PublishError, Publisher, Relay};
 use service_kit::testing;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use tokio::sync::Notify;
@@ -45,13 +45,16 @@ async fn twenty_orders_survive_broker_faults_and_lost_acks() {
         Duration::from_secs(20),
         || async move {
             failed.set(failed.get() + relay.run_once().await.unwrap().failed);
-            let stats = outbox_core::outbox::stats(pool_ref).await.unwrap();
+            let stats = jetstream_outbox::outbox::stats(pool_ref).await.unwrap();
             (stats.pending == 0).then_some(())
         },
     )
     .await;
     assert_eq!(failed.get(), 7, "every injected fault was met");
-    assert_eq!(outbox_core::outbox::stats(&pool).await.unwrap().dead, 0);
+    assert_eq!(
+        jetstream_outbox::outbox::stats(&pool).await.unwrap().dead,
+        0
+    );
 
     // The broker dropped the re-sent copies of the four stored messages.
     let stream_messages = stream_messages(&jetstream, &names.stream).await;
@@ -87,9 +90,11 @@ async fn a_relay_cut_off_from_its_database_lets_its_rows_go() {
     let pool = twenty_orders(&config).await;
     let nats = async_nats::connect(testing::nats_url()).await.unwrap();
     let jetstream = async_nats::jetstream::new(nats);
-    let spec =
-        outbox_core::publisher::StreamSpec::new(&names.stream, vec![format!("{}.>", names.prefix)]);
-    outbox_core::publisher::ensure_stream(&jetstream, &spec)
+    let spec = jetstream_outbox::publisher::StreamSpec::new(
+        &names.stream,
+        vec![format!("{}.>", names.prefix)],
+    );
+    jetstream_outbox::publisher::ensure_stream(&jetstream, &spec)
         .await
         .unwrap();
 
@@ -134,7 +139,7 @@ async fn a_relay_cut_off_from_its_database_lets_its_rows_go() {
         Duration::from_secs(30),
         || async move {
             relay_b.run_once().await.unwrap();
-            let stats = outbox_core::outbox::stats(pool_ref).await.unwrap();
+            let stats = jetstream_outbox::outbox::stats(pool_ref).await.unwrap();
             (stats.pending == 0).then_some(())
         },
     )
@@ -219,7 +224,7 @@ async fn twenty_orders(config: &orders_service::Config) -> sqlx::PgPool {
         };
         orders::place(
             &mut pool.acquire().await.unwrap(),
-            &outbox_core::Wakeup::in_process(),
+            &jetstream_outbox::Wakeup::in_process(),
             order.validate().unwrap(),
             None,
         )

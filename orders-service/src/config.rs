@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use outbox_core::{Backoff, RelayConfig};
+use jetstream_outbox::{Backoff, RelayConfig};
 use service_kit::config::{Common, ConfigError, ensure, millis, parse};
 
 /// Everything orders-service reads at start-up.
@@ -46,7 +46,7 @@ impl Config {
         )?;
         ensure(
             "OUTBOX_RETENTION_MS",
-            outbox_retention <= outbox_core::outbox::MAX_RETENTION,
+            outbox_retention <= jetstream_outbox::outbox::MAX_RETENTION,
             "must be at most 676800000 (188 hours: the ring of published events' partitions)",
         )?;
         ensure(
@@ -73,7 +73,7 @@ impl Config {
             .relay
             .batch_size
             .unsigned_abs()
-            .div_ceil(outbox_core::JetStreamPublisher::DEFAULT_WINDOW as u64)
+            .div_ceil(jetstream_outbox::JetStreamPublisher::DEFAULT_WINDOW as u64)
             .max(1) as u32;
         ensure(
             "RELAY_LEASE_MS",

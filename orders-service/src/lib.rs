@@ -1,7 +1,7 @@
 //! orders-service: a REST API for orders that never loses an order's events.
 //!
 //! Every state change writes the order row and its event (`OrderPlaced`, `OrderPaid`,
-//! `OrderShipped`) to the outbox in one transaction; the relay of `outbox-core` runs in the
+//! `OrderShipped`) to the outbox in one transaction; the relay of `jetstream-outbox` runs in the
 //! background and publishes the events to JetStream.
 //!
 //! - [`config`]: settings from the environment;

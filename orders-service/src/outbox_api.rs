@@ -2,8 +2,8 @@
 //! skips (admin only).
 
 use axum::extract::State;
-use outbox_core::OutboxStats;
-use outbox_core::outbox::{self, DeadEvent, DeadFilter};
+use jetstream_outbox::OutboxStats;
+use jetstream_outbox::outbox::{self, DeadEvent, DeadFilter};
 use serde::{Deserialize, Serialize};
 use service_kit::admin::{Admin, AdminRefusals};
 use service_kit::dead::{self, BulkOutcome};

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use async_nats::jetstream::context::ContextBuilder;
 use axum::Router;
 use axum::extract::FromRef;
-use outbox_core::{Cleanup, JetStreamPublisher, RELAY_CONNECTIONS, Relay, Wakeup};
+use jetstream_outbox::{Cleanup, JetStreamPublisher, RELAY_CONNECTIONS, Relay, Wakeup};
 use service_kit::admin::{AdminSecurity, AdminToken};
 use service_kit::http::{self, BackgroundTask, Health};
 use service_kit::infra;
@@ -35,7 +35,7 @@ pub struct AppState {
     /// The admin endpoints' token.
     pub admin: AdminToken,
     /// The outbox gauges of `/metrics`, computed at most once per second.
-    pub gauges: Arc<Cached<outbox_core::OutboxStats>>,
+    pub gauges: Arc<Cached<jetstream_outbox::OutboxStats>>,
 }
 
 #[derive(OpenApi)]
@@ -63,10 +63,10 @@ pub fn router(state: AppState, limits: http::Limits) -> Router {
     http::finish(api().with_state(state), limits)
 }
 
-/// The migrations of this service's database: the `outbox-core` outbox tables and its own.
+/// The migrations of this service's database: the `jetstream-outbox` outbox tables and its own.
 pub fn migrations() -> Vec<(&'static str, Migrator)> {
     vec![
-        ("outbox", outbox_core::migrate::outbox_migrations()),
+        ("outbox", jetstream_outbox::migrate::outbox_migrations()),
         ("orders", sqlx::migrate!("../migrations/orders")),
     ]
 }
@@ -94,7 +94,7 @@ impl App {
             .timeout(config.publish_timeout)
             .build(base.nats.clone());
         // The relay of this process is woken through memory; without one, the relays of other
-        // instances are told with a NOTIFY sent after each commit (see outbox_core::wakeup).
+        // instances are told with a NOTIFY sent after each commit (see jetstream_outbox::wakeup).
         let wakeup = if config.relay_enabled {
             Wakeup::in_process()
         } else {

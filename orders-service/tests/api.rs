@@ -137,7 +137,7 @@ async fn failure_before_commit_leaves_neither_order_nor_event() {
     assert!(
         orders::place(
             &mut app.pool.acquire().await.unwrap(),
-            &outbox_core::Wakeup::in_process(),
+            &jetstream_outbox::Wakeup::in_process(),
             order.validate().unwrap(),
             None
         )
@@ -509,8 +509,8 @@ async fn the_relay_publishes_while_requests_hold_every_connection_of_the_pool() 
         .await
         .unwrap();
     let mut tx = other.begin().await.unwrap();
-    let event = outbox_core::NewEvent::new("order", "o1", "OrderPlaced", &json!({})).unwrap();
-    let id = outbox_core::enqueue(&mut tx, &event).await.unwrap();
+    let event = jetstream_outbox::NewEvent::new("order", "o1", "OrderPlaced", &json!({})).unwrap();
+    let id = jetstream_outbox::enqueue(&mut tx, &event).await.unwrap();
     tx.commit().await.unwrap();
 
     testing::eventually(

@@ -1,15 +1,15 @@
-//! A service that adopts outbox-core, in one file. `POST /greetings {"name": "Ada"}` saves a
+//! A service that adopts jetstream-outbox, in one file. `POST /greetings {"name": "Ada"}` saves a
 //! greeting and its event in one transaction; the relay beside the handler publishes the event
 //! to JetStream; a consumer counts greetings per name through the inbox, once per event however
 //! often it is delivered (the count is not idempotent: the inbox is what keeps it right).
-//! Run `cargo run -p outbox-core --example greetings` with `DATABASE_URL` and `NATS_URL` set;
+//! Run `cargo run -p jetstream-outbox --example greetings` with `DATABASE_URL` and `NATS_URL` set;
 //! then `curl localhost:3000/greetings -H 'content-type: application/json' -d '{"name":"Ada"}'`.
 
 use async_nats::jetstream::{self, AckKind, consumer::pull};
 use axum::{Json, Router, extract::State, http::StatusCode, routing::post};
-use outbox_core::inbox::{ConsumeConfig, Digest, NewDeadLetter, consume, message_id};
-use outbox_core::publisher::{StreamSpec, ensure_stream};
-use outbox_core::{Inbox, JetStreamPublisher, NewEvent, Outcome, Relay, RelayConfig, Wakeup};
+use jetstream_outbox::inbox::{ConsumeConfig, Digest, NewDeadLetter, consume, message_id};
+use jetstream_outbox::publisher::{StreamSpec, ensure_stream};
+use jetstream_outbox::{Inbox, JetStreamPublisher, NewEvent, Outcome, Relay, RelayConfig, Wakeup};
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 use tokio::net::TcpListener;
@@ -47,8 +47,8 @@ pub async fn run(
     prefix: String,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    outbox_core::migrate::outbox(&pool).await?;
-    outbox_core::migrate::inbox(&pool).await?;
+    jetstream_outbox::migrate::outbox(&pool).await?;
+    jetstream_outbox::migrate::inbox(&pool).await?;
     sqlx::raw_sql(TABLES).execute(&pool).await?;
     let jetstream = jetstream::new(nats);
     let stream = prefix.to_uppercase();
@@ -103,8 +103,8 @@ async fn greet(State(App(pool, wakeup)): State<App>, Json(greeting): Json<Greeti
             .bind(&greeting.name)
             .execute(&mut *tx)
             .await?;
-        outbox_core::enqueue(&mut tx, &event).await?;
-        outbox_core::commit(tx, &wakeup).await
+        jetstream_outbox::enqueue(&mut tx, &event).await?;
+        jetstream_outbox::commit(tx, &wakeup).await
     }
     .await;
     if let Err(error) = saved {

@@ -6,9 +6,9 @@ mod common;
 use std::time::Duration;
 
 use common::{TestStream, migrate};
+use jetstream_outbox::testing::eventually;
+use jetstream_outbox::{NewEvent, Relay, Wakeup};
 use metrics_exporter_prometheus::PrometheusBuilder;
-use outbox_core::testing::eventually;
-use outbox_core::{NewEvent, Relay, Wakeup};
 use serde_json::json;
 use sqlx::PgPool;
 
@@ -43,8 +43,8 @@ async fn a_trickle_of_commits_costs_a_claim_each(pool: PgPool) {
     for i in 0..orders {
         let mut tx = pool.begin().await.unwrap();
         let event = NewEvent::new("order", format!("o{i}"), "OrderPlaced", &json!({})).unwrap();
-        outbox_core::enqueue(&mut tx, &event).await.unwrap();
-        outbox_core::commit(tx, &wakeup).await.unwrap();
+        jetstream_outbox::enqueue(&mut tx, &event).await.unwrap();
+        jetstream_outbox::commit(tx, &wakeup).await.unwrap();
         eventually(
             "the event recorded as published",
             Duration::from_secs(10),

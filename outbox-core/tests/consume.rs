@@ -11,11 +11,11 @@ use std::time::Duration;
 use async_nats::HeaderMap;
 use async_nats::jetstream::{AckKind, consumer::pull};
 use common::{TestStream, count_up, counter, create_counter, migrate};
-use outbox_core::inbox::{
+use jetstream_outbox::inbox::{
     self, ConsumeConfig, ConsumeError, DeadLetterFilter, Digest, NewDeadLetter,
 };
-use outbox_core::testing::eventually;
-use outbox_core::{Inbox, headers};
+use jetstream_outbox::testing::eventually;
+use jetstream_outbox::{Inbox, headers};
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 

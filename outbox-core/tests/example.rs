@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use async_nats::HeaderValue;
 use async_nats::header::NATS_MESSAGE_ID;
-use outbox_core::testing::eventually;
+use jetstream_outbox::testing::eventually;
 use sqlx::PgPool;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -82,7 +82,7 @@ async fn the_example_service_counts_each_greeting_once(pool: PgPool) {
         .unwrap();
     let mut not_a_greeting = async_nats::HeaderMap::new();
     not_a_greeting.insert(
-        outbox_core::headers::ID,
+        jetstream_outbox::headers::ID,
         uuid::Uuid::new_v4().to_string().as_str(),
     );
     jetstream
@@ -109,14 +109,14 @@ async fn the_example_service_counts_each_greeting_once(pool: PgPool) {
     );
     assert_eq!(count(&pool, "Ada").await, 2, "the copy counted again");
     assert_eq!(count(&pool, "Grace").await, 1);
-    let inbox = outbox_core::Inbox::new(pool.clone(), "counter");
+    let inbox = jetstream_outbox::Inbox::new(pool.clone(), "counter");
     assert_eq!(
         inbox.stats().await.unwrap().duplicate,
         1,
         "the copy is a duplicate"
     );
     let dead = inbox
-        .dead(&outbox_core::inbox::DeadLetterFilter::all(), 0, 10)
+        .dead(&jetstream_outbox::inbox::DeadLetterFilter::all(), 0, 10)
         .await
         .unwrap();
     let reasons: Vec<&str> = dead.iter().map(|letter| letter.error.as_str()).collect();
@@ -127,7 +127,7 @@ async fn the_example_service_counts_each_greeting_once(pool: PgPool) {
     );
     let stray = &dead[0];
     let stray_id = not_a_greeting
-        .get(outbox_core::headers::ID)
+        .get(jetstream_outbox::headers::ID)
         .unwrap()
         .as_str();
     assert_eq!(stray.message_id.as_deref(), Some(stray_id));
@@ -135,7 +135,7 @@ async fn the_example_service_counts_each_greeting_once(pool: PgPool) {
     assert_eq!(stray.deliveries, 1);
     let kept = stray.header_map();
     assert_eq!(
-        kept.get(outbox_core::headers::ID).unwrap().as_str(),
+        kept.get(jetstream_outbox::headers::ID).unwrap().as_str(),
         stray_id
     );
 

@@ -3,8 +3,8 @@
 mod common;
 
 use common::{add_one, count, count_up, counter, create_counter, migrate, v7_id};
-use outbox_core::inbox::{self, Digest, NewDeadLetter};
-use outbox_core::{Inbox, InboxError, Outcome, headers};
+use jetstream_outbox::inbox::{self, Digest, NewDeadLetter};
+use jetstream_outbox::{Inbox, InboxError, Outcome, headers};
 use sqlx::PgPool;
 
 #[sqlx::test(migrations = false)]
@@ -215,7 +215,7 @@ async fn a_batch_applies_each_new_message_once(pool: PgPool) {
         .await;
     assert!(matches!(
         failed,
-        Err(outbox_core::BatchError::Effect { index: 1, .. })
+        Err(jetstream_outbox::BatchError::Effect { index: 1, .. })
     ));
     assert_eq!(counter(&pool).await, 3, "nothing of the failed batch");
     let outcomes = count_up_batch(&inbox, &[("m4", a), ("m6", a)]).await;
@@ -295,7 +295,7 @@ async fn a_batch_applied_together_gets_its_new_messages_in_one_call(pool: PgPool
         .await;
     assert!(matches!(
         failed,
-        Err(outbox_core::BatchError::Effect { index: 1, .. })
+        Err(jetstream_outbox::BatchError::Effect { index: 1, .. })
     ));
     assert_eq!(counter(&pool).await, 4, "nothing of the failed batch");
     let outcomes = count_up_batch(&inbox, &[("m4", a), ("m5", a)]).await;
@@ -612,7 +612,7 @@ async fn previous_version_beside_this_one(pool: PgPool, previous: Previous, ids:
         let together = together.to_owned();
         tokio::spawn(async move { count_up(&inbox, &together, &digest).await })
     };
-    outbox_core::testing::eventually(
+    jetstream_outbox::testing::eventually(
         "the inbox waiting on the open record",
         std::time::Duration::from_secs(10),
         || async {
@@ -655,8 +655,8 @@ async fn privileges_after_migrating(
     grants: &str,
     checks: &[(&str, &str)],
 ) -> Vec<String> {
-    outbox_core::migrate::outbox(pool).await.unwrap();
-    let mut before = outbox_core::migrate::inbox_migrations();
+    jetstream_outbox::migrate::outbox(pool).await.unwrap();
+    let mut before = jetstream_outbox::migrate::inbox_migrations();
     before.migrations = before
         .migrations
         .iter()
@@ -664,7 +664,7 @@ async fn privileges_after_migrating(
         .cloned()
         .collect::<Vec<_>>()
         .into();
-    outbox_core::migrate::run(before, pool).await.unwrap();
+    jetstream_outbox::migrate::run(before, pool).await.unwrap();
     let role = format!("inbox_app_{}", uuid::Uuid::new_v4().simple());
     sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
         "CREATE ROLE {role} NOLOGIN; {}",
@@ -673,7 +673,7 @@ async fn privileges_after_migrating(
     .execute(pool)
     .await
     .unwrap();
-    outbox_core::migrate::inbox(pool).await.unwrap();
+    jetstream_outbox::migrate::inbox(pool).await.unwrap();
     let mut held = Vec::new();
     for (check, privilege) in checks {
         let holds: bool = sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT {check}")))

@@ -6,8 +6,8 @@ mod common;
 use std::time::Duration;
 
 use common::{DAY_MS, count, count_up, create_counter, filenode, migrate, ms_ago, v7_id};
-use outbox_core::inbox::Digest;
-use outbox_core::{Inbox, Outcome};
+use jetstream_outbox::inbox::Digest;
+use jetstream_outbox::{Inbox, Outcome};
 use sqlx::PgPool;
 
 const WEEK: Duration = Duration::from_secs(7 * 86_400);

@@ -7,7 +7,7 @@ mod common;
 use std::time::Duration;
 
 use common::{TestStream, count, enqueue, filenode, migrate};
-use outbox_core::{Relay, outbox};
+use jetstream_outbox::{Relay, outbox};
 use serde_json::json;
 use sqlx::PgPool;
 
@@ -392,7 +392,7 @@ async fn a_partition_in_use_is_left_for_a_later_round(pool: PgPool) {
 /// and age them out through `outbox_age_out`, but not delete or truncate them itself.
 #[sqlx::test(migrations = false)]
 async fn the_migration_grants_what_the_outbox_grants_implied(pool: PgPool) {
-    let mut before = outbox_core::migrate::outbox_migrations();
+    let mut before = jetstream_outbox::migrate::outbox_migrations();
     before.migrations = before
         .migrations
         .iter()
@@ -400,7 +400,7 @@ async fn the_migration_grants_what_the_outbox_grants_implied(pool: PgPool) {
         .cloned()
         .collect::<Vec<_>>()
         .into();
-    outbox_core::migrate::run(before, &pool).await.unwrap();
+    jetstream_outbox::migrate::run(before, &pool).await.unwrap();
     let role = format!("outbox_app_{}", uuid::Uuid::new_v4().simple());
     sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
         "CREATE ROLE {role} NOLOGIN; GRANT SELECT, INSERT, UPDATE, DELETE ON outbox TO {role}"
@@ -408,7 +408,7 @@ async fn the_migration_grants_what_the_outbox_grants_implied(pool: PgPool) {
     .execute(&pool)
     .await
     .unwrap();
-    outbox_core::migrate::outbox(&pool).await.unwrap();
+    jetstream_outbox::migrate::outbox(&pool).await.unwrap();
 
     let held: Vec<String> = sqlx::query_scalar(
         "SELECT c.check_ FROM (VALUES

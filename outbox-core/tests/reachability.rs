@@ -6,10 +6,10 @@ mod common;
 use std::time::Duration;
 
 use common::{TestStream, enqueue, migrate};
+use jetstream_outbox::testing::eventually;
+use jetstream_outbox::testing::{Fault, FaultyPublisher};
+use jetstream_outbox::{Backoff, Relay};
 use metrics_exporter_prometheus::PrometheusBuilder;
-use outbox_core::testing::eventually;
-use outbox_core::testing::{Fault, FaultyPublisher};
-use outbox_core::{Backoff, Relay};
 use serde_json::json;
 use sqlx::PgPool;
 

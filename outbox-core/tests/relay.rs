@@ -7,12 +7,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::{TestStream, count, enqueue, migrate, publish_earlier};
-use outbox_core::headers;
-use outbox_core::inbox::Digest;
-use outbox_core::outbox::DeadFilter;
-use outbox_core::testing::eventually;
-use outbox_core::testing::{Fault, FaultyPublisher, InFlight};
-use outbox_core::{Backoff, NewEvent, Relay, Wakeup, outbox};
+use jetstream_outbox::headers;
+use jetstream_outbox::inbox::Digest;
+use jetstream_outbox::outbox::DeadFilter;
+use jetstream_outbox::testing::eventually;
+use jetstream_outbox::testing::{Fault, FaultyPublisher, InFlight};
+use jetstream_outbox::{Backoff, NewEvent, Relay, Wakeup, outbox};
 use serde_json::json;
 use sqlx::PgPool;
 
@@ -24,8 +24,8 @@ async fn pending(pool: &PgPool) -> i64 {
 async fn rolled_back_enqueue_leaves_nothing(pool: PgPool) {
     migrate(&pool).await;
     let mut tx = pool.begin().await.unwrap();
-    let event = outbox_core::NewEvent::new("order", "o1", "OrderPlaced", &json!({})).unwrap();
-    outbox_core::enqueue(&mut tx, &event).await.unwrap();
+    let event = jetstream_outbox::NewEvent::new("order", "o1", "OrderPlaced", &json!({})).unwrap();
+    jetstream_outbox::enqueue(&mut tx, &event).await.unwrap();
     tx.rollback().await.unwrap();
     let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox")
         .fetch_one(&pool)
@@ -168,14 +168,14 @@ async fn always_failing_event_becomes_dead_and_cleanup_keeps_it(pool: PgPool) {
     // Nothing more to do: a dead event is not retried by the relay.
     assert_eq!(relay.run_once().await.unwrap().claimed, 0);
 
-    let inbox = outbox_core::Inbox::new(pool.clone(), "billing");
+    let inbox = jetstream_outbox::Inbox::new(pool.clone(), "billing");
     let outcome = inbox
         .process("m1", &Digest::of(&[b"body"]), |_conn| {
             Box::pin(async { Ok::<_, std::convert::Infallible>(()) })
         })
         .await
         .unwrap();
-    assert_eq!(outcome, outbox_core::Outcome::Processed(()));
+    assert_eq!(outcome, jetstream_outbox::Outcome::Processed(()));
 
     // A partition of published events is emptied once its two hours are over.
     publish_earlier(&pool, 4).await;
@@ -363,7 +363,7 @@ async fn bulk_actions_take_the_dead_events_their_filter_matches(pool: PgPool) {
     ] {
         let mut tx = pool.begin().await.unwrap();
         let event = NewEvent::new(aggregate_type, aggregate, event_type, &payload).unwrap();
-        outbox_core::enqueue(&mut tx, &event).await.unwrap();
+        jetstream_outbox::enqueue(&mut tx, &event).await.unwrap();
         tx.commit().await.unwrap();
     }
     let mut config = stream.relay_config();
@@ -459,10 +459,11 @@ async fn messages_carry_cloudevents_headers(pool: PgPool) {
     let stream = TestStream::new().await;
     let traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
     let mut tx = pool.begin().await.unwrap();
-    let event = outbox_core::NewEvent::new("order", "o9", "OrderPlaced", &json!({"orderId": "o9"}))
-        .unwrap()
-        .with_traceparent(Some(traceparent.into()));
-    let id = outbox_core::enqueue(&mut tx, &event).await.unwrap();
+    let event =
+        jetstream_outbox::NewEvent::new("order", "o9", "OrderPlaced", &json!({"orderId": "o9"}))
+            .unwrap()
+            .with_traceparent(Some(traceparent.into()));
+    let id = jetstream_outbox::enqueue(&mut tx, &event).await.unwrap();
     tx.commit().await.unwrap();
     Relay::new(pool.clone(), stream.publisher(), stream.relay_config())
         .run_once()
@@ -538,8 +539,8 @@ async fn commit_wakes_the_relay_long_before_the_poll_interval(pool: PgPool) {
 async fn enqueue_and_commit(pool: &PgPool, wakeup: &Wakeup, aggregate: &str) {
     let mut tx = pool.begin().await.unwrap();
     let event = NewEvent::new("order", aggregate, "OrderPlaced", &json!({})).unwrap();
-    outbox_core::enqueue(&mut tx, &event).await.unwrap();
-    outbox_core::commit(tx, wakeup).await.unwrap();
+    jetstream_outbox::enqueue(&mut tx, &event).await.unwrap();
+    jetstream_outbox::commit(tx, wakeup).await.unwrap();
 }
 
 /// Four relays over 200 aggregates x 5 events with 10% of publishes failing at random (before

@@ -57,7 +57,7 @@ pub fn millis(name: &'static str, default: Duration) -> Result<Duration, ConfigE
 /// A NATS subject token or stream name: no `.`, `*`, `>` or whitespace.
 pub fn nats_name(name: &'static str, default: &str) -> Result<String, ConfigError> {
     let value = string(name, default);
-    if outbox_core::event::is_valid_token(&value) {
+    if jetstream_outbox::event::is_valid_token(&value) {
         Ok(value)
     } else {
         Err(ConfigError {

@@ -39,10 +39,9 @@ impl BulkOutcome {
 /// values it is compared with, else a 422 naming `field`.
 pub fn token_filter(field: &str, value: Option<String>) -> Result<Option<String>, ApiError> {
     match value {
-        Some(value) if !outbox_core::event::is_valid_token(&value) => Err(ApiError::validation(
-            field,
-            "must be 1-128 of [A-Za-z0-9_:@-]",
-        )),
+        Some(value) if !jetstream_outbox::event::is_valid_token(&value) => Err(
+            ApiError::validation(field, "must be 1-128 of [A-Za-z0-9_:@-]"),
+        ),
         value => Ok(value),
     }
 }

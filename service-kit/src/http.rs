@@ -29,7 +29,7 @@ pub const BODY_LIMIT: usize = 64 * 1024;
 
 const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 // The W3C header, as the outbox carries it on to NATS.
-const TRACEPARENT: HeaderName = HeaderName::from_static(outbox_core::headers::TRACEPARENT);
+const TRACEPARENT: HeaderName = HeaderName::from_static(jetstream_outbox::headers::TRACEPARENT);
 
 /// How much work the HTTP server takes on.
 #[derive(Debug, Clone, Copy)]
@@ -153,7 +153,7 @@ async fn ensure_traceparent(
         .headers()
         .get(TRACEPARENT)
         .and_then(|v| v.to_str().ok())
-        .is_some_and(outbox_core::event::is_traceparent);
+        .is_some_and(jetstream_outbox::event::is_traceparent);
     if !valid {
         let trace = uuid::Uuid::new_v4().simple().to_string();
         let span = &uuid::Uuid::new_v4().simple().to_string()[..16];

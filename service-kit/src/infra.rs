@@ -82,11 +82,11 @@ pub async fn prepare_schema(
 ) -> anyhow::Result<()> {
     for (name, migrator) in migrations {
         if apply {
-            outbox_core::migrate::run(migrator, pool)
+            jetstream_outbox::migrate::run(migrator, pool)
                 .await
                 .with_context(|| format!("{name} migrations failed"))?;
         } else {
-            outbox_core::migrate::verify(&migrator, pool)
+            jetstream_outbox::migrate::verify(&migrator, pool)
                 .await
                 .with_context(|| {
                     format!(
@@ -195,12 +195,12 @@ pub async fn ensure_stream(
     jetstream: &async_nats::jetstream::Context,
     common: &crate::config::Common,
 ) -> anyhow::Result<()> {
-    let mut spec = outbox_core::publisher::StreamSpec::new(
+    let mut spec = jetstream_outbox::publisher::StreamSpec::new(
         &common.stream,
         vec![format!("{}.>", common.subject_prefix)],
     );
     spec.duplicate_window = common.duplicate_window;
     spec.replicas = common.stream_replicas;
-    outbox_core::publisher::ensure_stream(jetstream, &spec).await?;
+    jetstream_outbox::publisher::ensure_stream(jetstream, &spec).await?;
     Ok(())
 }

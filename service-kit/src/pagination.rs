@@ -39,7 +39,7 @@ impl Cursor {
             )
         };
         let (micros, id) = text.split_once('.').ok_or_else(invalid)?;
-        if !is_number(micros, 16) || !outbox_core::event::is_valid_token(id) {
+        if !is_number(micros, 16) || !jetstream_outbox::event::is_valid_token(id) {
             return Err(invalid());
         }
         let t = micros

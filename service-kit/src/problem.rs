@@ -172,10 +172,12 @@ impl From<sqlx::Error> for ApiError {
     }
 }
 
-impl From<outbox_core::EventError> for ApiError {
-    fn from(error: outbox_core::EventError) -> Self {
+impl From<jetstream_outbox::EventError> for ApiError {
+    fn from(error: jetstream_outbox::EventError) -> Self {
         match error {
-            outbox_core::EventError::Invalid { field, reason } => Self::validation(field, reason),
+            jetstream_outbox::EventError::Invalid { field, reason } => {
+                Self::validation(field, reason)
+            }
             other => Self::internal(other),
         }
     }

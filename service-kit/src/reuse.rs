@@ -31,7 +31,7 @@ pub const KEEP: Duration = Duration::from_secs(1);
 pub const LEND_FOR: Duration = Duration::from_secs(10);
 
 /// Connections of a pool left to the work that shares it with requests: a cleanup, the
-/// `NOTIFY` of `outbox_core::Wakeup::across_processes` and the operator's views. (A relay is
+/// `NOTIFY` of `jetstream_outbox::Wakeup::across_processes` and the operator's views. (A relay is
 /// best given a pool of its own: `infra::connect_db_open`.)
 pub const BACKGROUND: u32 = 3;
 
@@ -244,7 +244,7 @@ impl DerefMut for Reused {
 
 #[cfg(test)]
 mod tests {
-    use outbox_core::testing::eventually;
+    use jetstream_outbox::testing::eventually;
     use sqlx::postgres::PgPoolOptions;
 
     use super::*;

@@ -55,7 +55,7 @@ pub fn init(format: &str, otlp: Option<&Otlp>, service: &str) -> anyhow::Result<
                 Targets::new()
                     .with_default(Level::WARN)
                     .with_target("service_kit", Level::INFO)
-                    .with_target("outbox_core", Level::INFO)
+                    .with_target("jetstream_outbox", Level::INFO)
                     .with_target("orders_service", Level::INFO)
                     .with_target("billing_service", Level::INFO),
             )
@@ -114,7 +114,7 @@ pub fn current_traceparent() -> Option<String> {
 
 /// A version-00 `traceparent` as a remote span context.
 fn parse_traceparent(traceparent: &str) -> Option<SpanContext> {
-    if !outbox_core::event::is_traceparent(traceparent) {
+    if !jetstream_outbox::event::is_traceparent(traceparent) {
         return None;
     }
     let mut parts = traceparent.split('-').skip(1);

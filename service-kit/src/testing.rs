@@ -8,7 +8,7 @@ use sqlx::{ConnectOptions as _, Connection as _};
 use tokio::task::JoinHandle;
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
-pub use outbox_core::testing::eventually;
+pub use jetstream_outbox::testing::eventually;
 
 /// A name no other test uses: `prefix` plus a random suffix, valid for databases and streams.
 pub fn unique(prefix: &str) -> String {

@@ -192,7 +192,7 @@ async fn list_invoices(
     let limit = pagination::limit(params.limit)?;
     let after = params.cursor.as_deref().map(Cursor::decode).transpose()?;
     if let Some(order_id) = &params.order_id
-        && !outbox_core::event::is_valid_token(order_id)
+        && !jetstream_outbox::event::is_valid_token(order_id)
     {
         return Err(ApiError::validation(
             "orderId",

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use async_nats::HeaderMap;
 use chrono::{DateTime, Utc};
-use outbox_core::headers;
+use jetstream_outbox::headers;
 use service_kit::testing;
 use sqlx::PgPool;
 

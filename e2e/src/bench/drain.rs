@@ -2,7 +2,7 @@
 
 use std::time::{Duration, Instant};
 
-use outbox_core::{JetStreamPublisher, Relay, RelayConfig};
+use jetstream_outbox::{JetStreamPublisher, Relay, RelayConfig};
 use service_kit::testing;
 use tokio_util::sync::CancellationToken;
 

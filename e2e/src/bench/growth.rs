@@ -336,7 +336,7 @@ pub async fn cleanup(filled: &Filled, connections: usize) -> anyhow::Result<Clea
     .await;
     let orders_db = PgPool::connect(&testing::database_url(&names.orders_db)).await?;
     let billing_db = PgPool::connect(&testing::database_url(&names.billing_db)).await?;
-    let inbox = outbox_core::Inbox::new(
+    let inbox = jetstream_outbox::Inbox::new(
         billing_db.clone(),
         billing_service::Config::from_env()?.consumer.name,
     );
@@ -362,7 +362,7 @@ pub async fn cleanup(filled: &Filled, connections: usize) -> anyhow::Result<Clea
     let rounds = async {
         let rounds = tokio::join!(
             round(&orders_db, "outbox_published", || {
-                outbox_core::outbox::cleanup(&orders_db, outbox_retention, 1000)
+                jetstream_outbox::outbox::cleanup(&orders_db, outbox_retention, 1000)
             }),
             round(&billing_db, "inbox_entries", || {
                 inbox.cleanup(inbox_retention, 1000)

@@ -24,8 +24,8 @@ pub(crate) async fn create_stream(
     name: &str,
     prefix: &str,
 ) -> anyhow::Result<()> {
-    let spec = outbox_core::publisher::StreamSpec::new(name, vec![format!("{prefix}.>")]);
-    outbox_core::publisher::ensure_stream(js, &spec).await?;
+    let spec = jetstream_outbox::publisher::StreamSpec::new(name, vec![format!("{prefix}.>")]);
+    jetstream_outbox::publisher::ensure_stream(js, &spec).await?;
     Ok(())
 }
 
@@ -123,7 +123,7 @@ pub async fn order_transaction(clients: usize, length: Duration) -> anyhow::Resu
         clients,
         |pool| service_kit::reuse::Connections::new(pool, clients as u32),
         |connections| async move {
-            let wakeup = outbox_core::Wakeup::in_process();
+            let wakeup = jetstream_outbox::Wakeup::in_process();
             let order = orders_service::orders::NewOrder {
                 id: None,
                 customer: "bench".into(),

@@ -6,7 +6,7 @@ use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, Utc};
-use outbox_core::{NewEvent, Wakeup};
+use jetstream_outbox::{NewEvent, Wakeup};
 use serde::{Deserialize, Serialize};
 use service_kit::http::TraceParent;
 use service_kit::pagination::{self, Cursor, Page, PageParams};
@@ -113,7 +113,7 @@ impl NewOrder {
     /// Checks every field; the error names the first bad one.
     pub fn validate(self) -> Result<ValidOrder, ApiError> {
         let id = match self.id {
-            Some(id) if outbox_core::event::is_valid_token(&id) => id,
+            Some(id) if jetstream_outbox::event::is_valid_token(&id) => id,
             Some(_) => {
                 return Err(ApiError::validation(
                     "id",
@@ -261,8 +261,8 @@ pub async fn transition(
             )),
         });
     };
-    outbox_core::enqueue(&mut tx, &order.event(event_type, traceparent)?).await?;
-    outbox_core::commit(tx, wakeup).await?;
+    jetstream_outbox::enqueue(&mut tx, &order.event(event_type, traceparent)?).await?;
+    jetstream_outbox::commit(tx, wakeup).await?;
     Ok(order)
 }
 

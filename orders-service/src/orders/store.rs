@@ -1,6 +1,6 @@
 //! Every SQL statement on the orders table.
 
-use outbox_core::NewEvent;
+use jetstream_outbox::NewEvent;
 use sqlx::PgConnection;
 
 use super::{Order, OrderStatus, ValidOrder};
@@ -33,7 +33,7 @@ pub(super) async fn insert_placed(
         new.id,
         new.customer,
         new.total_minor,
-        outbox_core::event_id(),
+        jetstream_outbox::event_id(),
         event.aggregate_type(),
         event.event_type(),
         event.payload(),

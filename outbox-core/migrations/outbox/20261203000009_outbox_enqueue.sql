@@ -1,4 +1,4 @@
--- Enqueues an event from SQL, as `outbox_core::enqueue` does (it calls this function), so that
+-- Enqueues an event from SQL, as `jetstream_outbox::enqueue` does (it calls this function), so that
 -- a caller can write its own row and the event in one statement: one round trip, with no
 -- explicit transaction, where BEGIN, the two inserts and COMMIT take four.
 --
@@ -6,7 +6,7 @@
 -- events of one aggregate, so per aggregate the outbox order (seq) is the commit order. It is
 -- taken before the row gets its seq and held until commit.
 --
--- event_id should be a UUIDv7 (outbox_core::event_id()): the consumers' inbox keys records by
+-- event_id should be a UUIDv7 (jetstream_outbox::event_id()): the consumers' inbox keys records by
 -- it, and time-ordered keys go to the right edge of its index.
 CREATE FUNCTION outbox_enqueue(
     event_id       uuid,

@@ -1,4 +1,4 @@
-//! Shared set-up of the outbox-core tests: a database migrated with both tables, a stream of
+//! Shared set-up of the jetstream-outbox tests: a database migrated with both tables, a stream of
 //! the test's own, publishers that fail on purpose, and bounded waits.
 
 #![allow(dead_code, unreachable_pub)]
@@ -8,18 +8,18 @@ use std::time::Duration;
 
 use async_nats::jetstream::{self, stream::Stream};
 use futures::future::BoxFuture;
-use outbox_core::headers;
-use outbox_core::inbox::Digest;
-use outbox_core::publisher::{StreamSpec, ensure_stream};
-use outbox_core::{Backoff, Inbox, JetStreamPublisher, NewEvent, Outcome, RelayConfig};
+use jetstream_outbox::headers;
+use jetstream_outbox::inbox::Digest;
+use jetstream_outbox::publisher::{StreamSpec, ensure_stream};
+use jetstream_outbox::{Backoff, Inbox, JetStreamPublisher, NewEvent, Outcome, RelayConfig};
 use sqlx::{PgConnection, PgPool};
 
 /// Applies both of the crate's migrations.
 pub async fn migrate(pool: &PgPool) {
-    outbox_core::migrate::outbox(pool)
+    jetstream_outbox::migrate::outbox(pool)
         .await
         .expect("outbox migrations");
-    outbox_core::migrate::inbox(pool)
+    jetstream_outbox::migrate::inbox(pool)
         .await
         .expect("inbox migrations");
 }
@@ -46,7 +46,7 @@ impl TestStream {
         // Set-up, not what the tests are about: nats-server 2.9 once answered a creation among
         // sixteen at once with a transient "error creating store for stream" (500).
         let (jetstream, spec) = (&stream.jetstream, &spec);
-        outbox_core::testing::eventually(
+        jetstream_outbox::testing::eventually(
             "the test's stream created",
             Duration::from_secs(10),
             || async move {
@@ -120,7 +120,7 @@ impl TestStream {
 pub async fn enqueue(pool: &PgPool, aggregate: &str, event_type: &str, payload: serde_json::Value) {
     let mut tx = pool.begin().await.expect("begin");
     let event = NewEvent::new("order", aggregate, event_type, &payload).expect("valid event");
-    outbox_core::enqueue(&mut tx, &event)
+    jetstream_outbox::enqueue(&mut tx, &event)
         .await
         .expect("enqueue");
     tx.commit().await.expect("commit");
