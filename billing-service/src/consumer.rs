@@ -26,7 +26,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use async_nats::HeaderMap;
-use async_nats::jetstream::{self, AckKind, consumer::PullConsumer, consumer::pull};
+use async_nats::jetstream::{self, AckKind};
 use futures::StreamExt as _;
 use jetstream_outbox::headers;
 use jetstream_outbox::inbox::{self, Digest, NewDeadLetter};
@@ -36,44 +36,25 @@ use tokio::task::{JoinError, JoinSet};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
+use crate::age;
 use crate::batcher::{Batcher, Key};
 use crate::config::ConsumerConfig;
+use crate::durable::Durable;
 use crate::invoices::{self, ApplyError, Change};
 use crate::quarantine::Sweep;
-
-/// Creates the durable pull consumer, or updates it to `config` when it exists (a changed
-/// `CONSUMER_ACK_WAIT_MS` takes effect at the next start); `subjects` is the stream's filter.
-pub async fn durable(
-    jetstream: &jetstream::Context,
-    stream: &str,
-    subjects: String,
-    config: &ConsumerConfig,
-) -> anyhow::Result<PullConsumer> {
-    let stream = jetstream.get_stream(stream).await?;
-    let consumer = stream
-        .create_consumer(pull::Config {
-            durable_name: Some(config.name.clone()),
-            ack_policy: jetstream::consumer::AckPolicy::Explicit,
-            ack_wait: config.ack_wait,
-            // Unlimited: the service decides when a message becomes a dead letter, so the
-            // broker never drops one silently.
-            max_deliver: -1,
-            filter_subject: subjects,
-            ..Default::default()
-        })
-        .await?;
-    Ok(consumer)
-}
 
 /// The consumer loop of billing-service.
 #[derive(Debug)]
 pub struct Consumer {
-    durable: PullConsumer,
+    durable: Durable,
     rules: Rules,
     config: ConsumerConfig,
     /// How long the inbox remembers a message: an older one could be a copy of a message whose
     /// record is gone, so it is not applied.
     inbox_retention: Duration,
+    /// The stream's duplicate window: a copy of a message is stored at least this long after
+    /// the first one.
+    duplicate_window: Duration,
     /// Finds the messages this consumer is delivered but the client cannot read.
     sweep: Sweep,
 }
@@ -105,10 +86,11 @@ impl Consumer {
     /// A consumer applying `rules`, to messages younger than `inbox_retention`; `sweep` looks
     /// for the messages it is delivered and cannot read.
     pub fn new(
-        durable: PullConsumer,
+        durable: Durable,
         rules: Rules,
         config: ConsumerConfig,
         inbox_retention: Duration,
+        duplicate_window: Duration,
         sweep: Sweep,
     ) -> Self {
         Self {
@@ -116,35 +98,34 @@ impl Consumer {
             rules,
             config,
             inbox_retention,
+            duplicate_window,
             sweep,
         }
     }
 
-    /// Why `message` is too old for the inbox to deduplicate, if it is: stored in the stream,
-    /// or stamped `ce-time` by its producer, longer ago than the inbox retention. Its first
-    /// copy may have been applied and its record deleted since. An operator's replay of the
-    /// dead letter applies it all the same.
+    /// Why `message` is too old for the inbox to deduplicate, if it is: see [`crate::age`].
     fn too_old(&self, message: &jetstream::Message, headers: &HeaderMap) -> Option<String> {
-        let now = chrono::Utc::now();
-        let retention = chrono::Duration::from_std(self.inbox_retention).ok()?;
-        let stored = message
-            .info()
-            .ok()
-            .and_then(|info| chrono::DateTime::from_timestamp(info.published.unix_timestamp(), 0));
-        let stamped = header(headers, headers::TIME)
-            .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
-            .map(|t| t.to_utc());
-        [("stored in the stream", stored), (headers::TIME, stamped)]
-            .into_iter()
-            .find_map(|(what, at)| {
-                let at = at?;
-                (now - at > retention).then(|| {
-                    format!(
-                        "too old to deduplicate: {what} {at}, longer ago than the inbox \
-                         retention (INBOX_RETENTION_MS)"
-                    )
-                })
-            })
+        let time_of = |name: &str| {
+            header(headers, name)
+                .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
+                .map(|t| t.to_utc())
+        };
+        let info = message.info().ok()?;
+        let delivery = age::Delivery {
+            stored: chrono::DateTime::from_timestamp_nanos(
+                i64::try_from(info.published.unix_timestamp_nanos()).unwrap_or(i64::MAX),
+            ),
+            delivered: info.delivered,
+            first_published: time_of(headers::FIRST_PUBLISHED),
+            made: time_of(headers::TIME),
+            consumer_created: self.durable.created(),
+        };
+        age::too_old(
+            &delivery,
+            chrono::Utc::now(),
+            self.inbox_retention,
+            self.duplicate_window,
+        )
     }
 
     /// Handles messages until `shutdown` is cancelled; messages in hand are finished first.
@@ -166,8 +147,12 @@ impl Consumer {
     /// Pulls messages into `work` until `shutdown` is cancelled.
     async fn pull(&self, work: &mut Work, shutdown: &CancellationToken) {
         while !shutdown.is_cancelled() {
+            if self.durable.keep().await {
+                tracing::info!("pulling from the durable consumer made again");
+            }
             let messages = self
                 .durable
+                .current()
                 .stream()
                 .max_messages_per_batch(self.config.batch)
                 .expires(Duration::from_secs(5))
@@ -177,6 +162,7 @@ impl Consumer {
                 Ok(messages) => messages,
                 Err(error) => {
                     tracing::warn!(error = %error, "cannot pull messages; retrying");
+                    self.durable.suspect();
                     self.sweep.nudge();
                     let pause = tokio::time::sleep(Duration::from_secs(1));
                     tokio::pin!(pause);
@@ -190,6 +176,7 @@ impl Consumer {
                     continue;
                 }
             };
+            let mut check = tokio::time::interval(Duration::from_secs(1));
             loop {
                 tokio::select! {
                     () = shutdown.cancelled() => return,
@@ -199,15 +186,24 @@ impl Consumer {
                         Some(Ok(message)) => {
                             if let Ok(info) = message.info() {
                                 self.sweep.received(info.stream_sequence);
+                                let id = message.headers.as_ref().and_then(|headers| {
+                                    header(headers, async_nats::header::NATS_MESSAGE_ID.as_ref())
+                                });
+                                self.durable.received(info.stream_sequence, id);
                             }
                             work.add(message);
                         }
                         Some(Err(error)) => {
                             // Perhaps a message the client could not read cut the connection.
                             tracing::warn!(error = %error, "pull failed");
+                            self.durable.suspect();
                             self.sweep.nudge();
                         }
                         None => break,
+                    },
+                    // The consumer made again: pull from the new one.
+                    _ = check.tick() => if self.durable.keep().await {
+                        break;
                     },
                 }
             }

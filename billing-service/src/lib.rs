@@ -8,6 +8,9 @@
 //! - [`config`]: settings from the environment;
 //! - [`startup`]: [`App`]: connections, migrations, the router, the consumer, graceful shutdown;
 //! - [`consumer`]: the consumer loop and the rules for each message;
+//! - [`age`]: when a message is too old for the inbox to deduplicate;
+//! - [`durable`]: the durable consumer, made again when the broker lost it or what it
+//!   delivered;
 //! - [`batcher`]: which messages go into the consumer's next transaction;
 //! - [`invoices`]: the `/invoices` resource, its SQL, and how events change invoices;
 //! - [`quarantine`]: dead-letters the messages the NATS client cannot read (bytes that are not
@@ -15,9 +18,11 @@
 //! - `failpoints`: crash on purpose at chosen points, for the crash tests (inert unless set);
 //! - [`inbox_api`]: `/inbox/stats`, the dead letters and their admin actions, `/ops`.
 
+pub mod age;
 pub mod batcher;
 pub mod config;
 pub mod consumer;
+pub mod durable;
 pub mod failpoints;
 pub mod inbox_api;
 pub mod invoices;

@@ -18,7 +18,8 @@ use sqlx::migrate::Migrator;
 use utoipa::OpenApi;
 use utoipa_axum::router::OpenApiRouter;
 
-use crate::consumer::{self, Consumer, Rules};
+use crate::consumer::{Consumer, Rules};
+use crate::durable::Durable;
 use crate::quarantine::Sweep;
 use crate::{Config, inbox_api, invoices};
 
@@ -93,12 +94,14 @@ impl App {
         let base = Base::build(common, "billing-service", migrations()).await?;
         let pool = base.pool.clone();
         let jetstream = async_nats::jetstream::new(base.nats.clone());
-        let durable = consumer::durable(
-            &jetstream,
-            &common.stream,
-            format!("{}.>", common.subject_prefix),
-            &config.consumer,
-        )
+        let durable = infra::at_start_up("the durable consumer created", || {
+            Durable::create(
+                jetstream.clone(),
+                &common.stream,
+                format!("{}.>", common.subject_prefix),
+                &config.consumer,
+            )
+        })
         .await
         .context("cannot create the durable consumer")?;
         let inbox = Inbox::new(pool.clone(), &config.consumer.name);
@@ -115,6 +118,7 @@ impl App {
             rules.clone(),
             config.consumer.clone(),
             config.inbox_retention,
+            common.duplicate_window,
             sweep,
         );
         let router = router(
@@ -154,9 +158,9 @@ impl App {
         // In the service's own log target: scripts find the port in this line.
         tracing::info!(port = self.port(), "billing-service listening");
         let (consumer, cleanup) = (self.consumer, self.cleanup);
-        let tasks: Vec<BackgroundTask> = vec![
-            Box::new(|stop| Box::pin(consumer.run(stop))),
-            Box::new(|stop| Box::pin(cleanup.run(stop))),
+        let tasks = vec![
+            BackgroundTask::new("consumer", |stop| consumer.run(stop)),
+            BackgroundTask::new("cleanup", |stop| cleanup.run(stop)),
         ];
         self.base
             .run_until_stopped(self.router, tasks, shutdown)

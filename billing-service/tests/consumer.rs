@@ -523,11 +523,16 @@ async fn the_durable_consumer_is_created_or_updated() {
     let mut config = Config::from_env().unwrap().consumer;
     for ack_wait in [Duration::from_secs(30), Duration::from_secs(2)] {
         config.ack_wait = ack_wait;
-        let mut durable =
-            billing_service::consumer::durable(&jetstream, &name, subjects.clone(), &config)
-                .await
-                .unwrap();
-        assert_eq!(durable.info().await.unwrap().config.ack_wait, ack_wait);
+        let durable = billing_service::durable::Durable::create(
+            jetstream.clone(),
+            &name,
+            subjects.clone(),
+            &config,
+        )
+        .await
+        .unwrap();
+        let info = durable.current().info().await.unwrap().clone();
+        assert_eq!(info.config.ack_wait, ack_wait);
     }
     testing::delete_stream(&name).await;
 }

@@ -12,10 +12,12 @@ GRANT SELECT, INSERT, UPDATE ON orders TO orders_app;
 -- DELETE: the relay moves each event it publishes out of the outbox, and the cleanup task
 -- removes skipped events after OUTBOX_RETENTION_MS.
 GRANT SELECT, INSERT, UPDATE, DELETE ON outbox TO orders_app;
--- The relay moves each event it publishes to outbox_published; the cleanup task empties its
--- partitions past OUTBOX_RETENTION_MS through outbox_age_out, which runs as the owner (the
--- role itself may not TRUNCATE).
-GRANT SELECT, INSERT ON outbox_published TO orders_app;
+-- The relay moves each event it publishes to outbox_published, and back into the outbox if the
+-- broker lost it (DELETE); the cleanup task empties its partitions past OUTBOX_RETENTION_MS
+-- through outbox_age_out, which runs as the owner (the role itself may not TRUNCATE).
+GRANT SELECT, INSERT, DELETE ON outbox_published TO orders_app;
+-- The relay's checks of the stream against what it published.
+GRANT SELECT, INSERT, DELETE ON outbox_stream_checks TO orders_app;
 GRANT SELECT ON outbox_events TO orders_app;
 GRANT EXECUTE ON FUNCTION outbox_age_out(INTERVAL) TO orders_app;
 -- Read only: start-up checks that every migration was applied.

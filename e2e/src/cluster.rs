@@ -34,6 +34,7 @@ pub struct Cluster {
     /// The scenario's own PostgreSQL, when started with one.
     pub postgres: Option<PgServer>,
     info_logs: bool,
+    env: &'static [(&'static str, &'static str)],
     stream_replicas: usize,
     orders_pool: PgPool,
     billing_pool: PgPool,
@@ -56,6 +57,10 @@ impl Cluster {
             .then(|| ("orders-app".to_owned(), testing::unique("pw")));
         let nats = if setup.nats_cluster {
             NatsServer::start_cluster(&dir, 3).await
+        } else if let Some(max_file) = setup.account_storage {
+            let credentials = ("app".to_owned(), testing::unique("pw"));
+            let config = account_config(&credentials, max_file);
+            vec![NatsServer::start_with_config(&dir, config, Some(credentials)).await]
         } else {
             vec![NatsServer::start_with(&dir, credentials).await]
         };
@@ -80,6 +85,7 @@ impl Cluster {
             billing_pool: PgPool::connect_lazy(&url(&names.billing_db)).expect("url"),
             postgres,
             info_logs: setup.info_logs,
+            env: setup.env,
             stream_replicas: nats.len(),
             names,
             dir,
@@ -129,8 +135,16 @@ impl Cluster {
         ];
         // Both services run their defaults: outages, lost acks and kills must not need
         // tuning. A SIGKILLed billing's unacknowledged messages come back after the default
-        // 30 s ack wait, inside the checker's two minutes.
-        env.into_iter().map(|(k, v)| (k.to_owned(), v)).collect()
+        // 30 s ack wait, inside the checker's two minutes. A scenario that changes a setting
+        // names it in its Setup, with why.
+        env.into_iter()
+            .map(|(k, v)| (k.to_owned(), v))
+            .chain(
+                self.env
+                    .iter()
+                    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned())),
+            )
+            .collect()
     }
 
     /// Every NATS server's URL, comma-separated, as `NATS_URL` takes them.
@@ -251,6 +265,21 @@ pub struct Setup {
     pub nats_auth: bool,
     /// Three nats-servers as one JetStream cluster, and the stream with three replicas.
     pub nats_cluster: bool,
+    /// nats-server runs the services' account with this much file storage for JetStream
+    /// (bytes), as an operator's account limits do; the services log in as its user.
+    pub account_storage: Option<u64>,
+    /// Settings both services get besides their defaults.
+    pub env: &'static [(&'static str, &'static str)],
+}
+
+/// A nats-server configuration with one account for the services, user and password as given,
+/// and `max_file` bytes of JetStream file storage.
+pub fn account_config(credentials: &(String, String), max_file: u64) -> String {
+    let (user, password) = credentials;
+    format!(
+        "accounts {{ APP {{ jetstream {{ max_file: {max_file}, max_mem: 0, max_streams: 10, \
+         max_consumers: 100 }}, users [ {{ user: \"{user}\", password: \"{password}\" }} ] }} }}"
+    )
 }
 
 /// A load in progress.

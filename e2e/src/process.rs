@@ -77,6 +77,8 @@ pub struct NatsServer {
     pub node: Option<Node>,
     /// The largest message it takes, when not the default (1 MB).
     pub max_payload: Option<usize>,
+    /// Configuration file lines of its own (accounts, limits), read at every (re)start.
+    pub config: Option<String>,
     store: PathBuf,
     child: Option<Child>,
 }
@@ -170,9 +172,51 @@ impl NatsServer {
             tls,
             node,
             max_payload: None,
+            config: None,
             store,
             child: None,
         }
+    }
+
+    /// Starts a server whose configuration file holds `config` besides the command line's
+    /// settings; clients present `credentials` (user, password) in the URL when given.
+    pub async fn start_with_config(
+        dir: &Path,
+        config: String,
+        credentials: Option<(String, String)>,
+    ) -> Self {
+        let mut server = Self::unstarted(dir, None, None, None);
+        server.credentials = credentials;
+        server.config = Some(config);
+        server.restart().await;
+        server
+    }
+
+    /// Copies the store of a stopped server (a snapshot of it, as a power loss at this moment
+    /// would leave it) and returns where the copy is.
+    pub fn copy_store(&self) -> PathBuf {
+        assert!(self.child.is_none(), "copy the store of a stopped server");
+        let copy = self.store.with_extension(testing::unique("copy"));
+        copy_dir(&self.store, &copy);
+        copy
+    }
+
+    /// Puts `copy` (from [`NatsServer::copy_store`]) in place of the store of a stopped server:
+    /// it restarts with what the store held then, everything written since lost.
+    pub fn restore_store(&self, copy: &Path) {
+        assert!(
+            self.child.is_none(),
+            "restore the store of a stopped server"
+        );
+        std::fs::remove_dir_all(&self.store).expect("store removed");
+        copy_dir(copy, &self.store);
+    }
+
+    /// Empties the store of a stopped server: it restarts with nothing.
+    pub fn wipe_store(&self) {
+        assert!(self.child.is_none(), "wipe the store of a stopped server");
+        std::fs::remove_dir_all(&self.store).expect("store removed");
+        std::fs::create_dir_all(&self.store).expect("store dir");
     }
 
     /// Waits until this server answers JetStream requests (in a cluster: a meta leader exists).
@@ -225,9 +269,15 @@ impl NatsServer {
         .find(|p| !p.starts_with('/') || Path::new(p).exists())
         .unwrap_or("nats-server");
         // What the command line cannot set goes into a configuration file.
-        let config = self.max_payload.map(|bytes| {
+        let lines: Vec<String> = self
+            .max_payload
+            .map(|bytes| format!("max_payload: {bytes}"))
+            .into_iter()
+            .chain(self.config.clone())
+            .collect();
+        let config = (!lines.is_empty()).then(|| {
             let path = self.store.with_extension("conf");
-            std::fs::write(&path, format!("max_payload: {bytes}\n")).expect("config written");
+            std::fs::write(&path, lines.join("\n") + "\n").expect("config written");
             path
         });
         let child = Command::new(server)
@@ -247,14 +297,19 @@ impl NatsServer {
             .arg(&self.store)
             .arg("-l")
             .arg(self.store.with_extension("log"))
-            .args(self.credentials.iter().flat_map(|(user, password)| {
-                [
-                    "--user".to_owned(),
-                    user.clone(),
-                    "--pass".to_owned(),
-                    password.clone(),
-                ]
-            }))
+            .args(
+                self.credentials
+                    .iter()
+                    .filter(|_| self.config.is_none())
+                    .flat_map(|(user, password)| {
+                        [
+                            "--user".to_owned(),
+                            user.clone(),
+                            "--pass".to_owned(),
+                            password.clone(),
+                        ]
+                    }),
+            )
             .args(self.node.iter().flat_map(|node| {
                 let routes: Vec<String> = node
                     .peers
@@ -310,6 +365,17 @@ impl NatsServer {
             child.kill().await.expect("kill nats-server");
         }
     }
+}
+
+/// `cp -a from to`: a directory and everything in it.
+fn copy_dir(from: &Path, to: &Path) {
+    let status = std::process::Command::new("cp")
+        .arg("-a")
+        .arg(from)
+        .arg(to)
+        .status()
+        .expect("cp runs");
+    assert!(status.success(), "copying {} failed", from.display());
 }
 
 impl Drop for NatsServer {
@@ -460,21 +526,30 @@ impl Service {
         self.child = Some(child);
         let ready = format!("{}/readyz", self.url);
         let client = reqwest::Client::new();
-        eventually(
-            &format!("{name} to be ready"),
-            Duration::from_secs(30),
-            || {
-                let request = client.get(&ready).send();
-                async move {
-                    request
-                        .await
-                        .ok()
-                        .filter(|r| r.status().is_success())
-                        .map(drop)
-                }
-            },
-        )
-        .await;
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let answer = client.get(&ready).send().await;
+            if answer.is_ok_and(|r| r.status().is_success()) {
+                return;
+            }
+            let exited = self
+                .child
+                .as_mut()
+                .and_then(|child| child.try_wait().ok().flatten());
+            assert!(
+                exited.is_none() && std::time::Instant::now() < deadline,
+                "{name} not ready within 30 s ({exited:?}); its log ends:\n{}",
+                self.log_tail(40)
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// The last `lines` lines of the process's log.
+    pub fn log_tail(&self, lines: usize) -> String {
+        let log = self.log();
+        let all: Vec<&str> = log.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
     }
 
     /// Sets (or, with `None`, removes) an environment variable for the next start.

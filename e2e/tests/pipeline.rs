@@ -9,7 +9,7 @@ use async_nats::jetstream::context::ContextBuilder;
 use e2e::proxy::Proxy;
 use e2e::{Names, RunningApp, eventually};
 use jetstream_outbox::testing::{Fault, FaultyPublisher};
-use jetstream_outbox::{Backoff, JetStreamPublisher, Message, PublishError, Publisher, Relay};
+use jetstream_outbox::{Ack, Backoff, JetStreamPublisher, Message, PublishError, Publisher, Relay};
 use orders_service::orders::{self, NewOrder};
 use service_kit::testing;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -192,7 +192,7 @@ impl<P> Gate<P> {
 }
 
 impl<P: Publisher> Publisher for Gate<P> {
-    async fn publish(&self, messages: Vec<Message>) -> Vec<Result<(), PublishError>> {
+    async fn publish(&self, messages: Vec<Message>) -> Vec<Result<Ack, PublishError>> {
         if self.first.swap(false, std::sync::atomic::Ordering::SeqCst) {
             self.arrived.notify_one();
             self.release.notified().await;
@@ -202,7 +202,7 @@ impl<P: Publisher> Publisher for Gate<P> {
         let results = self.inner.publish(messages).await;
         let sent = results
             .iter()
-            .filter(|result| matches!(result, Ok(()) | Err(PublishError::NoAck(_))))
+            .filter(|result| matches!(result, Ok(_) | Err(PublishError::NoAck(_))))
             .count();
         self.published
             .fetch_add(sent, std::sync::atomic::Ordering::SeqCst);

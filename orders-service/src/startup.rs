@@ -7,7 +7,9 @@ use std::sync::Arc;
 use async_nats::jetstream::context::ContextBuilder;
 use axum::Router;
 use axum::extract::FromRef;
-use jetstream_outbox::{Cleanup, JetStreamPublisher, RELAY_CONNECTIONS, Relay, Wakeup};
+use jetstream_outbox::{
+    Cleanup, JetStreamPublisher, RELAY_CONNECTIONS, Relay, StreamRepair, Wakeup,
+};
 use service_kit::admin::{AdminSecurity, AdminToken};
 use service_kit::http::{self, BackgroundTask, Health};
 use service_kit::infra;
@@ -105,13 +107,16 @@ impl App {
         let relay = if config.relay_enabled {
             let relay_pool =
                 infra::connect_db_open(&config.common.database_url, RELAY_CONNECTIONS).await?;
+            // The stream is checked for what the broker forgot, and made again if deleted.
+            let repair = StreamRepair::new(jetstream.clone(), infra::stream_spec(&config.common));
             Some(
                 Relay::new(
                     relay_pool,
                     JetStreamPublisher::new(jetstream).with_timeout(config.publish_timeout),
                     config.relay.clone(),
                 )
-                .with_wakeup(&wakeup),
+                .with_wakeup(&wakeup)
+                .with_repair(repair),
             )
         } else {
             None
@@ -154,9 +159,9 @@ impl App {
         // In the service's own log target: scripts find the port in this line.
         tracing::info!(port = self.port(), "orders-service listening");
         let cleanup = self.cleanup;
-        let mut tasks: Vec<BackgroundTask> = vec![Box::new(|stop| Box::pin(cleanup.run(stop)))];
+        let mut tasks = vec![BackgroundTask::new("cleanup", |stop| cleanup.run(stop))];
         if let Some(relay) = self.relay {
-            tasks.push(Box::new(|stop| Box::pin(relay.run(stop))));
+            tasks.push(BackgroundTask::new("relay", |stop| relay.run(stop)));
         }
         self.base
             .run_until_stopped(self.router, tasks, shutdown)

@@ -108,17 +108,30 @@ pub enum PublishError {
     #[error("no acknowledgement from the broker")]
     NoAck(#[source] BoxError),
     /// The broker could not be reached (not connected, the connection went before the message
-    /// was sent, no stream answered for the subject, JetStream unavailable): nothing was
-    /// published. Transient: never counts toward `max_attempts`.
+    /// was sent, JetStream unavailable): nothing was published. Transient: never counts toward
+    /// `max_attempts`.
     #[error("broker unreachable")]
     Unreachable(#[source] BoxError),
+    /// No stream answered for the subject: in a cluster, a stream between two leaders; else
+    /// the stream was deleted, which the relay's [`crate::StreamRepair`] makes again. Nothing
+    /// was published. Transient: never counts toward `max_attempts`.
+    #[error("no stream for the subject")]
+    StreamNotFound(#[source] BoxError),
+    /// The stream or its account has no room left (JetStream's storage limits): nothing was
+    /// published. An outage, not a refusal: transient, never counts toward `max_attempts`, and
+    /// the relay retries until room is made.
+    #[error("the broker's storage is full")]
+    StorageFull(#[source] BoxError),
 }
 
 impl PublishError {
-    /// Whether retrying later is bound to help: the broker was not reached or did not answer,
-    /// as opposed to refusing the message.
+    /// Whether retrying later is bound to help: the broker was not reached, did not answer, had
+    /// no stream or no room for the message, as opposed to refusing the message itself.
     pub fn is_transient(&self) -> bool {
-        matches!(self, Self::NoAck(_) | Self::Unreachable(_))
+        matches!(
+            self,
+            Self::NoAck(_) | Self::Unreachable(_) | Self::StreamNotFound(_) | Self::StorageFull(_)
+        )
     }
 
     /// The error with its causes on one line, as stored in `last_error`.

@@ -14,6 +14,11 @@ pub const SOURCE: &str = "ce-source";
 pub const SUBJECT: &str = "ce-subject";
 /// CloudEvents `time`: when the event was enqueued, RFC 3339 with microseconds, UTC.
 pub const TIME: &str = "ce-time";
+/// When a copy of the event was first stored by the broker, RFC 3339 with microseconds, UTC
+/// (a CloudEvents extension attribute): the same on every copy, also one published again after
+/// the broker lost it. A consumer judges a message's age from it, so that an event that waited
+/// in the outbox (an outage, a parked aggregate) is as new as its first publish.
+pub const FIRST_PUBLISHED: &str = "ce-firstpublishedtime";
 /// The body's media type: `application/json`.
 pub const CONTENT_TYPE: &str = "content-type";
 /// W3C `traceparent` of the request that enqueued the event, when it had one.

@@ -47,6 +47,7 @@ pub mod migrate;
 pub mod outbox;
 pub mod publisher;
 pub mod relay;
+pub mod repair;
 #[cfg(feature = "testing")]
 pub mod testing;
 pub mod wakeup;
@@ -62,6 +63,7 @@ pub use error::{Error, EventError, MigrateError, PublishError, StreamError};
 pub use event::{NewEvent, event_id};
 pub use inbox::{BatchError, Inbox, InboxError, Outcome};
 pub use outbox::{OutboxStats, enqueue};
-pub use publisher::{JetStreamPublisher, Message, Publisher};
+pub use publisher::{Ack, JetStreamPublisher, Message, Publisher};
 pub use relay::{BatchReport, RELAY_CONNECTIONS, Relay, RelayConfig};
+pub use repair::{RepairError, RepairReport, StreamRepair};
 pub use wakeup::{Wakeup, commit};

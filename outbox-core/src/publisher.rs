@@ -38,6 +38,27 @@ impl Message {
     }
 }
 
+/// The broker's acknowledgement of one message: where the stream stored it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Ack {
+    /// The stream sequence of the message: for a duplicate, that of the copy stored first.
+    pub stream_seq: u64,
+    /// The broker had stored a message of this id within its duplicate window and dropped
+    /// this one.
+    pub duplicate: bool,
+}
+
+impl Ack {
+    /// The acknowledgement of a message stored at `stream_seq`.
+    pub fn new(stream_seq: u64, duplicate: bool) -> Self {
+        Self {
+            stream_seq,
+            duplicate,
+        }
+    }
+}
+
 /// Something that publishes messages and reports, per message, whether the broker stored it.
 ///
 /// The relay calls [`Publisher::publish`] with messages of distinct aggregates only, so an
@@ -47,7 +68,7 @@ pub trait Publisher: Send + Sync {
     fn publish(
         &self,
         messages: Vec<Message>,
-    ) -> impl Future<Output = Vec<Result<(), PublishError>>> + Send;
+    ) -> impl Future<Output = Vec<Result<Ack, PublishError>>> + Send;
 
     /// Whether the broker answers now, when the publisher can tell without publishing
     /// (`None`: it cannot). The relay asks while it believes the broker unreachable and has
@@ -100,7 +121,7 @@ impl JetStreamPublisher {
     }
 
     /// Sends one window and awaits its acknowledgements together.
-    async fn publish_window(&self, window: Vec<Message>) -> Vec<Result<(), PublishError>> {
+    async fn publish_window(&self, window: Vec<Message>) -> Vec<Result<Ack, PublishError>> {
         let deadline = tokio::time::Instant::now() + self.timeout;
         let mut sent: Vec<Result<PublishAckFuture, PublishError>> =
             Vec::with_capacity(window.len());
@@ -124,7 +145,10 @@ impl JetStreamPublisher {
         }
         futures::future::join_all(sent.into_iter().map(|sent| async move {
             match sent {
-                Ok(ack) => ack.await.map(drop).map_err(classify_ack_error),
+                Ok(ack) => ack
+                    .await
+                    .map(|ack| Ack::new(ack.sequence, ack.duplicate))
+                    .map_err(classify_ack_error),
                 Err(error) => Err(error),
             }
         }))
@@ -133,7 +157,7 @@ impl JetStreamPublisher {
 }
 
 impl Publisher for JetStreamPublisher {
-    async fn publish(&self, messages: Vec<Message>) -> Vec<Result<(), PublishError>> {
+    async fn publish(&self, messages: Vec<Message>) -> Vec<Result<Ack, PublishError>> {
         if self.context.client().connection_state() != async_nats::connection::State::Connected {
             return messages
                 .iter()
@@ -158,30 +182,53 @@ impl Publisher for JetStreamPublisher {
     }
 }
 
-/// A message too large for the server is refused for good; anything else that stops a send
-/// (the connection's queue closed, too many acks outstanding) passes with the connection.
+/// A message too large for the server, or a subject the client will not send, is refused for
+/// good; anything else that stops a send (the connection's queue closed, too many acks
+/// outstanding) passes with the connection.
 fn classify_send_error(error: jetstream::context::PublishError) -> PublishError {
     use jetstream::context::PublishErrorKind;
+    let bad_subject = std::error::Error::source(&error)
+        .is_some_and(<dyn std::error::Error>::is::<async_nats::SubjectError>);
     match error.kind() {
         PublishErrorKind::MaxPayloadExceeded => PublishError::NotAccepted(Box::new(error)),
+        _ if bad_subject => PublishError::NotAccepted(Box::new(error)),
         _ => PublishError::Unreachable(Box::new(error)),
     }
 }
 
+/// JetStream's answers that the account or the server has no room; a stream that discards new
+/// messages and is at its limits answers 10077 ("store failed") with the limit it met.
+const STORAGE_FULL_CODES: [u64; 4] = [
+    10002, // resource limits exceeded for account
+    10023, // insufficient resources
+    10028, // insufficient memory resources available
+    10047, // insufficient storage resources available
+];
+
 /// No ack in time, or the connection lost while waiting: the outcome is unknown. No responders
-/// (in a cluster, a stream between two leaders) or the server's 503 (JetStream or its cluster
-/// not available now): nothing was stored, and it passes. Anything else is the broker refusing
-/// the message (the stream rejected it).
+/// (in a cluster, a stream between two leaders; the stream deleted) or the server's 503
+/// (JetStream or its cluster not available now): nothing was stored, and it passes. No room in
+/// the stream or the account: nothing was stored, and it passes once room is made. Anything
+/// else is the broker refusing the message (the stream rejected it).
 fn classify_ack_error(error: jetstream::context::PublishError) -> PublishError {
     use jetstream::context::PublishErrorKind;
-    let unavailable = std::error::Error::source(&error)
-        .and_then(|source| source.downcast_ref::<jetstream::Error>())
-        .is_some_and(|answer| answer.code() == 503);
+    let answer = std::error::Error::source(&error)
+        .and_then(|source| source.downcast_ref::<jetstream::Error>());
+    let unavailable = answer.is_some_and(|answer| answer.code() == 503);
+    let full = answer.is_some_and(|answer| {
+        STORAGE_FULL_CODES.contains(&answer.error_code().0)
+            || answer.error_code().0 == 10077
+                && ["maximum bytes exceeded", "maximum messages exceeded"]
+                    .iter()
+                    .any(|limit| answer.to_string().contains(limit))
+    });
     match error.kind() {
         PublishErrorKind::TimedOut | PublishErrorKind::BrokenPipe => {
             PublishError::NoAck(Box::new(error))
         }
-        PublishErrorKind::StreamNotFound => PublishError::Unreachable(Box::new(error)),
+        PublishErrorKind::StreamNotFound => PublishError::StreamNotFound(Box::new(error)),
+        // A full stream may answer 503 too.
+        _ if full => PublishError::StorageFull(Box::new(error)),
         _ if unavailable => PublishError::Unreachable(Box::new(error)),
         _ => PublishError::NotAccepted(Box::new(error)),
     }
@@ -199,17 +246,42 @@ pub struct StreamSpec {
     pub duplicate_window: Duration,
     /// Number of replicas in a cluster.
     pub replicas: usize,
+    /// The stream removes a message stored longer ago than this (zero: never). Keep it at least
+    /// the consumers' inbox retention: a consumer down for less than that finds every message
+    /// it missed, and one older is not applied anyway.
+    pub max_age: Duration,
+    /// The stream removes its oldest messages beyond this many bytes (`None`: no limit).
+    pub max_bytes: Option<u64>,
 }
 
 impl StreamSpec {
     /// The stream `name` capturing `subjects`, one replica, a duplicate window of two minutes
-    /// (JetStream's default).
+    /// (JetStream's default), messages kept seven days (a consumer's default inbox retention)
+    /// with no limit of bytes.
     pub fn new(name: impl Into<String>, subjects: Vec<String>) -> Self {
         Self {
             name: name.into(),
             subjects,
             duplicate_window: Duration::from_secs(120),
             replicas: 1,
+            max_age: Duration::from_secs(7 * 24 * 3600),
+            max_bytes: None,
+        }
+    }
+
+    /// The stream's configuration: file storage, the limits above.
+    pub(crate) fn config(&self) -> stream::Config {
+        stream::Config {
+            name: self.name.clone(),
+            subjects: self.subjects.clone(),
+            storage: stream::StorageType::File,
+            duplicate_window: self.duplicate_window,
+            num_replicas: self.replicas,
+            max_age: self.max_age,
+            max_bytes: self
+                .max_bytes
+                .map_or(-1, |bytes| i64::try_from(bytes).unwrap_or(i64::MAX)),
+            ..Default::default()
         }
     }
 }
@@ -219,16 +291,8 @@ pub async fn ensure_stream(
     context: &jetstream::Context,
     spec: &StreamSpec,
 ) -> Result<stream::Info, StreamError> {
-    let config = stream::Config {
-        name: spec.name.clone(),
-        subjects: spec.subjects.clone(),
-        storage: stream::StorageType::File,
-        duplicate_window: spec.duplicate_window,
-        num_replicas: spec.replicas,
-        ..Default::default()
-    };
     let info = context
-        .create_or_update_stream(config)
+        .create_or_update_stream(spec.config())
         .await
         .map_err(|e| StreamError::Create {
             stream: spec.name.clone(),

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::Barrier;
 
-use crate::{Message, PublishError, Publisher, headers};
+use crate::{Ack, Message, PublishError, Publisher, headers};
 
 /// What happens to one publish.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -159,7 +159,7 @@ fn reversed(faults: impl IntoIterator<Item = Fault>) -> Vec<Fault> {
 }
 
 impl<P: Publisher> Publisher for FaultyPublisher<P> {
-    async fn publish(&self, messages: Vec<Message>) -> Vec<Result<(), PublishError>> {
+    async fn publish(&self, messages: Vec<Message>) -> Vec<Result<Ack, PublishError>> {
         let barrier = self.state().barrier.take();
         if let Some(barrier) = barrier {
             barrier.wait().await;
@@ -186,7 +186,7 @@ impl<P: Publisher> Publisher for FaultyPublisher<P> {
                     "injected fault: broker unreachable".into(),
                 )),
                 Some(Fault::After) => match self.inner.publish(vec![message]).await.pop() {
-                    Some(Ok(())) => Err(PublishError::NoAck("injected fault: PubAck lost".into())),
+                    Some(Ok(_)) => Err(PublishError::NoAck("injected fault: PubAck lost".into())),
                     Some(Err(error)) => Err(error),
                     None => Err(PublishError::NoAck("publisher returned no result".into())),
                 },

@@ -389,7 +389,9 @@ async fn a_partition_in_use_is_left_for_a_later_round(pool: PgPool) {
 
 /// A role granted rights on the outbox before the migration (a service that may not change
 /// the schema) may then read the published events, move them there as its relay publishes,
-/// and age them out through `outbox_age_out`, but not delete or truncate them itself.
+/// move those the broker lost back (delete them: it may delete pending events from the outbox
+/// already), record its checks of the stream, and age them out through `outbox_age_out`, but
+/// not truncate them itself.
 #[sqlx::test(migrations = false)]
 async fn the_migration_grants_what_the_outbox_grants_implied(pool: PgPool) {
     let mut before = jetstream_outbox::migrate::outbox_migrations();
@@ -420,7 +422,11 @@ async fn the_migration_grants_what_the_outbox_grants_implied(pool: PgPool) {
               has_table_privilege($1, 'outbox_published', 'TRUNCATE')),
              ('outbox_events SELECT', has_table_privilege($1, 'outbox_events', 'SELECT')),
              ('outbox_age_out EXECUTE',
-              has_function_privilege($1, 'outbox_age_out(interval)', 'EXECUTE'))
+              has_function_privilege($1, 'outbox_age_out(interval)', 'EXECUTE')),
+             ('outbox_stream_checks SELECT, INSERT, DELETE',
+              has_table_privilege($1, 'outbox_stream_checks', 'SELECT, INSERT, DELETE')),
+             ('outbox_stream_checks UPDATE',
+              has_table_privilege($1, 'outbox_stream_checks', 'UPDATE'))
          ) AS c(check_, holds)
          WHERE holds",
     )
@@ -440,8 +446,11 @@ async fn the_migration_grants_what_the_outbox_grants_implied(pool: PgPool) {
         [
             "outbox_published SELECT",
             "outbox_published INSERT",
+            // The repair moves events the broker lost back into the outbox.
+            "outbox_published DELETE",
             "outbox_events SELECT",
-            "outbox_age_out EXECUTE"
+            "outbox_age_out EXECUTE",
+            "outbox_stream_checks SELECT, INSERT, DELETE"
         ]
     );
 }

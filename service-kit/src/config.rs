@@ -107,6 +107,12 @@ pub struct Common {
     pub duplicate_window: Duration,
     /// `NATS_STREAM_REPLICAS`: stream replicas in a cluster.
     pub stream_replicas: usize,
+    /// `NATS_STREAM_MAX_AGE_MS`: the stream removes messages stored longer ago (0: never);
+    /// defaults to billing's inbox retention, seven days.
+    pub stream_max_age: Duration,
+    /// `NATS_STREAM_MAX_BYTES`: the stream removes its oldest messages beyond this size
+    /// (unset: no limit).
+    pub stream_max_bytes: Option<u64>,
     /// `ADMIN_TOKEN`: bearer token of the admin endpoints; unset disables them.
     pub admin_token: Option<String>,
     /// `LOG_FORMAT`: `json` or `pretty`.
@@ -134,6 +140,8 @@ impl std::fmt::Debug for Common {
             .field("subject_prefix", &self.subject_prefix)
             .field("duplicate_window", &self.duplicate_window)
             .field("stream_replicas", &self.stream_replicas)
+            .field("stream_max_age", &self.stream_max_age)
+            .field("stream_max_bytes", &self.stream_max_bytes)
             .field(
                 "admin_token",
                 &self.admin_token.as_ref().map(|_| "<redacted>"),
@@ -174,6 +182,16 @@ impl Common {
             subject_prefix: nats_name("NATS_SUBJECT_PREFIX", "orders")?,
             duplicate_window: millis("NATS_DUPLICATE_WINDOW_MS", Duration::from_secs(120))?,
             stream_replicas: parse("NATS_STREAM_REPLICAS", 1)?,
+            stream_max_age: millis("NATS_STREAM_MAX_AGE_MS", Duration::from_secs(7 * 24 * 3600))?,
+            stream_max_bytes: optional("NATS_STREAM_MAX_BYTES")
+                .map(|raw| {
+                    raw.parse()
+                        .map_err(|e: std::num::ParseIntError| ConfigError {
+                            name: "NATS_STREAM_MAX_BYTES",
+                            reason: format!("{raw:?}: {e}"),
+                        })
+                })
+                .transpose()?,
             admin_token: optional("ADMIN_TOKEN"),
             log_format: string("LOG_FORMAT", "pretty"),
             otlp: Otlp::from_env()?,
@@ -204,6 +222,11 @@ impl Common {
             "NATS_DUPLICATE_WINDOW_MS",
             !common.duplicate_window.is_zero(),
             "must be positive",
+        )?;
+        ensure(
+            "NATS_STREAM_MAX_AGE_MS",
+            common.stream_max_age.is_zero() || common.stream_max_age >= common.duplicate_window,
+            "must be 0 (no limit) or at least NATS_DUPLICATE_WINDOW_MS (JetStream's rule)",
         )?;
         Ok(common)
     }

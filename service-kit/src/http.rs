@@ -348,13 +348,43 @@ pub async fn shutdown_signal() {
     tracing::info!("shutdown signal received");
 }
 
-/// A background loop (relay, consumer) that stops when its token is cancelled.
-pub type BackgroundTask =
-    Box<dyn FnOnce(CancellationToken) -> futures::future::BoxFuture<'static, ()> + Send>;
+/// A background loop (relay, consumer, cleanup) that runs until its token is cancelled.
+pub struct BackgroundTask {
+    name: &'static str,
+    run: Box<dyn FnOnce(CancellationToken) -> futures::future::BoxFuture<'static, ()> + Send>,
+}
+
+impl BackgroundTask {
+    /// The task `name`, started by calling `run` with the token that stops it.
+    pub fn new<F, Fut>(name: &'static str, run: F) -> Self
+    where
+        F: FnOnce(CancellationToken) -> Fut + Send + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        Self {
+            name,
+            run: Box::new(move |stop| Box::pin(run(stop))),
+        }
+    }
+}
+
+impl std::fmt::Debug for BackgroundTask {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BackgroundTask")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
 
 /// Runs `tasks` and serves `router` until `shutdown` resolves; then stops accepting, finishes
 /// in-flight requests, cancels the tasks, waits for each to finish its unit of work, and closes
 /// the pool.
+///
+/// A task that ends before it is told to (it returned, or panicked) stops the service the same
+/// way, and the error names it: the process exits non-zero, so its supervisor (Docker,
+/// Kubernetes, systemd) restarts it and counts the restart, rather than the service answering
+/// `/readyz` while its relay or consumer is gone. A task restarted in the process would hide a
+/// fault that recurs, and keep the connections that may have caused it.
 pub async fn run_until_stopped(
     listener: TcpListener,
     router: Router,
@@ -363,24 +393,65 @@ pub async fn run_until_stopped(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let stop = CancellationToken::new();
-    let handles: Vec<_> = tasks
-        .into_iter()
-        .map(|task| tokio::spawn(task(stop.clone())))
-        .collect();
-    let served = serve(listener, router, shutdown).await;
-    stop.cancel();
-    for handle in handles {
-        handle.await?;
+    let failed = CancellationToken::new();
+    let mut running = tokio::task::JoinSet::new();
+    let mut names = std::collections::HashMap::new();
+    for task in tasks {
+        let id = running.spawn((task.run)(stop.clone())).id();
+        names.insert(id, task.name);
     }
+    let watcher = tokio::spawn(watch_tasks(running, names, stop.clone(), failed.clone()));
+    let served = serve(listener, router, async move {
+        tokio::select! {
+            () = shutdown => {}
+            () = failed.cancelled() => {}
+        }
+    })
+    .await;
+    stop.cancel();
+    let ended_early = watcher.await?;
     pool.close().await;
-    Ok(served?)
+    served?;
+    match ended_early {
+        Some(task) => Err(anyhow::anyhow!("background task {task} ended on its own")),
+        None => Ok(()),
+    }
+}
+
+/// Waits for every task of `running`; the first that ends before `stop` (returned or
+/// panicked) is logged, cancels `failed`, and is returned.
+async fn watch_tasks(
+    mut running: tokio::task::JoinSet<()>,
+    names: std::collections::HashMap<tokio::task::Id, &'static str>,
+    stop: CancellationToken,
+    failed: CancellationToken,
+) -> Option<String> {
+    let mut ended_early = None;
+    while let Some(ended) = running.join_next_with_id().await {
+        let (id, panic) = match ended {
+            Ok((id, ())) => (id, None),
+            Err(error) => (error.id(), Some(error.to_string())),
+        };
+        let task = names.get(&id).copied().unwrap_or("unnamed");
+        if let Some(panic) = &panic {
+            tracing::error!(task, error = %panic, "background task panicked");
+        }
+        if !stop.is_cancelled() && ended_early.is_none() {
+            tracing::error!(task, "background task ended on its own; the service stops");
+            failed.cancel();
+            ended_early = Some(panic.map_or(task.to_owned(), |p| format!("{task} ({p})")));
+        }
+    }
+    ended_early
 }
 
 #[cfg(test)]
 mod tests {
     use std::io::{Read as _, Write as _};
 
-    use super::healthcheck;
+    use tokio_util::sync::CancellationToken;
+
+    use super::{BackgroundTask, healthcheck};
 
     /// A one-shot server on a free port that answers `status_line`; returns `0.0.0.0:{port}`.
     fn answering(status_line: &'static str) -> String {
@@ -399,6 +470,52 @@ mod tests {
             write!(conn, "{status_line}\r\ncontent-length: 0\r\n\r\n").unwrap();
         });
         format!("0.0.0.0:{port}")
+    }
+
+    /// A background task that ends by itself stops the service, which reports it; one that
+    /// runs until told to lets the service stop cleanly.
+    #[tokio::test]
+    async fn a_task_ending_on_its_own_stops_the_service_with_an_error() {
+        let serve = async |tasks: Vec<BackgroundTask>, shutdown: tokio::time::Duration| {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let pool = sqlx::PgPool::connect_lazy("postgres://nobody@127.0.0.1:1/x").unwrap();
+            tokio::time::timeout(
+                std::time::Duration::from_secs(10),
+                super::run_until_stopped(
+                    listener,
+                    axum::Router::new(),
+                    pool,
+                    tasks,
+                    tokio::time::sleep(shutdown),
+                ),
+            )
+            .await
+            .expect("the service stops")
+        };
+        let forever = || {
+            BackgroundTask::new("cleanup", |stop: CancellationToken| async move {
+                stop.cancelled().await;
+            })
+        };
+        let ended = serve(
+            vec![forever(), BackgroundTask::new("relay", |_| async {})],
+            tokio::time::Duration::from_secs(3600),
+        )
+        .await
+        .unwrap_err();
+        assert!(ended.to_string().contains("relay"), "{ended}");
+        let panicked = serve(
+            vec![BackgroundTask::new("consumer", |_| async {
+                panic!("boom")
+            })],
+            tokio::time::Duration::from_secs(3600),
+        )
+        .await
+        .unwrap_err();
+        assert!(panicked.to_string().contains("consumer"), "{panicked}");
+        serve(vec![forever()], tokio::time::Duration::from_millis(50))
+            .await
+            .expect("a clean stop");
     }
 
     #[test]

@@ -190,17 +190,58 @@ pub async fn connect_nats_with(
         .context("cannot connect to NATS_URL")
 }
 
-/// Creates or updates the stream of `common` (file storage, `{prefix}.>`).
-pub async fn ensure_stream(
-    jetstream: &async_nats::jetstream::Context,
-    common: &crate::config::Common,
-) -> anyhow::Result<()> {
+/// The stream of `common`: `{prefix}.>`, its duplicate window, replicas and limits.
+pub fn stream_spec(common: &crate::config::Common) -> jetstream_outbox::publisher::StreamSpec {
     let mut spec = jetstream_outbox::publisher::StreamSpec::new(
         &common.stream,
         vec![format!("{}.>", common.subject_prefix)],
     );
     spec.duplicate_window = common.duplicate_window;
     spec.replicas = common.stream_replicas;
-    jetstream_outbox::publisher::ensure_stream(jetstream, &spec).await?;
+    spec.max_age = common.stream_max_age;
+    spec.max_bytes = common.stream_max_bytes;
+    spec
+}
+
+/// Creates or updates the stream of `common` (file storage, `{prefix}.>`), retrying while
+/// JetStream does not answer yet (see [`at_start_up`]).
+pub async fn ensure_stream(
+    jetstream: &async_nats::jetstream::Context,
+    common: &crate::config::Common,
+) -> anyhow::Result<()> {
+    let spec = stream_spec(common);
+    at_start_up("the stream set up", || {
+        jetstream_outbox::publisher::ensure_stream(jetstream, &spec)
+    })
+    .await?;
     Ok(())
+}
+
+/// How long start-up waits for JetStream to answer: a broker (or a cluster) restarting, its
+/// stream between leaders, answers within it.
+pub const START_UP_WAIT: Duration = Duration::from_secs(60);
+
+/// Runs `attempt` until it succeeds, for up to [`START_UP_WAIT`], pausing between failures (up
+/// to 2 s) and logging each; then fails with the last error. For the broker requests of
+/// start-up: a service started beside a broker that is still recovering waits for it rather
+/// than exit.
+pub async fn at_start_up<T, E, F, Fut>(what: &str, mut attempt: F) -> Result<T, E>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, E>>,
+    E: std::fmt::Display,
+{
+    let deadline = tokio::time::Instant::now() + START_UP_WAIT;
+    let mut pause = Duration::from_millis(100);
+    loop {
+        match attempt().await {
+            Ok(done) => return Ok(done),
+            Err(error) if tokio::time::Instant::now() + pause < deadline => {
+                tracing::warn!(error = %error, "{what} failed; retrying");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(2));
+            }
+            Err(error) => return Err(error),
+        }
+    }
 }

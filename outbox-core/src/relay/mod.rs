@@ -11,7 +11,13 @@
 //!
 //! [`Relay::run`] overlaps passes (`schedule`): one is recorded while the next is claimed and
 //! published; under a backlog one pass is claimed while the one before it is published and the
-//! one before that is recorded.
+//! one before that is recorded. A pass whose record fails is recorded again, alone and after a
+//! growing pause, never published again for it.
+//!
+//! Every row becomes a message or a dead event: a row whose names are not subject tokens
+//! (written before the table refused them) is dead at once with the reason, a malformed
+//! traceparent is left out. With [`Relay::with_repair`], the relay checks its stream for what
+//! the broker acknowledged and lost (`watch`, [`crate::repair`]) and publishes it again.
 //!
 //! # What keeps each aggregate's events in order
 //!
@@ -55,23 +61,28 @@
 //! the broker drops the copy inside its duplicate window (`Nats-Msg-Id`) and the consumer's
 //! inbox drops it after that.
 //!
+//! 8. **Events published again come first** (`watch`, [`crate::repair`]): an event the broker
+//!    lost is moved back into the outbox with its original seq, below every later event of its
+//!    aggregate, and after a reconnect or a sign of loss nothing is published (a pass stops
+//!    between waves) until the stream was checked and what it lost moved back.
+//!
 //! Modules: `schedule` (the overlap of passes, a small state machine driven by [`Relay::run`]),
-//! `pass` (claim, waves, record), `message` (the CloudEvents message of a row) and `storage`
-//! (every SQL statement of the relay).
+//! `pass` (claim, waves, record), `message` (the CloudEvents message of a row), `watch` (when
+//! the stream is checked) and `storage` (every SQL statement of the relay).
 
 mod message;
 mod pass;
 mod schedule;
 pub(crate) mod storage;
+mod watch;
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
 use sqlx::PgPool;
-use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::{Backoff, Publisher, Wakeup};
+use crate::{Backoff, Publisher, StreamRepair, Wakeup};
 use schedule::{Round, Scheduler};
 
 /// The most connections a relay holds at once: its three overlapping passes (one recorded, one
@@ -156,21 +167,49 @@ pub struct Relay<P> {
     /// Passes in a row whose publishes all failed transiently (0: the broker is reachable).
     outage: AtomicU32,
     /// Changes when code of this process committed events ([`Relay::with_wakeup`]).
-    woken: Option<watch::Receiver<u64>>,
+    woken: Option<tokio::sync::watch::Receiver<u64>>,
+    /// The highest stream sequence acknowledged to this relay (or found at a check): a later
+    /// acknowledgement at or below it means the stream lost messages.
+    acked_high: AtomicU64,
+    /// Checks of the stream for what the broker forgot ([`Relay::with_repair`]).
+    watch: Option<watch::Watch>,
+    /// Whether the broker's storage was full at the last publish.
+    storage_full: AtomicBool,
 }
 
 impl<P: Publisher> Relay<P> {
     /// A relay over the outbox in `pool`, of which it holds up to [`RELAY_CONNECTIONS`] at once:
     /// best a pool of its own with all of them open, so that it does not wait for request
     /// handlers, nor for a connection to be made.
+    ///
+    /// # Panics
+    /// When `config.source` holds a line break: it goes into every message's headers.
     pub fn new(pool: PgPool, publisher: P, config: RelayConfig) -> Self {
+        assert!(
+            config.source.parse::<async_nats::HeaderValue>().is_ok(),
+            "RelayConfig::source may not hold a line break"
+        );
         Self {
             pool,
             publisher,
             config,
             outage: AtomicU32::new(0),
             woken: None,
+            acked_high: AtomicU64::new(0),
+            watch: None,
+            storage_full: AtomicBool::new(false),
         }
+    }
+
+    /// Checks the stream with `repair` (see [`crate::repair`]): at start, after every
+    /// reconnect, on evidence of loss and lightly every [`StreamRepair::every`]; events the
+    /// broker acknowledged and lost are moved back into the outbox and published again. Nothing
+    /// is published after a reconnect before its check. Needs published events kept
+    /// ([`RelayConfig::delete_published`] off) to have anything to publish again.
+    #[must_use]
+    pub fn with_repair(mut self, repair: StreamRepair) -> Self {
+        self.watch = Some(watch::Watch::new(repair.with_lease(self.config.lease)));
+        self
     }
 
     /// Wakes this relay when code of this process commits through `wakeup` (see
@@ -213,13 +252,44 @@ impl<P: Publisher> Relay<P> {
     pub async fn run_once(&self) -> sqlx::Result<BatchReport> {
         let claim = self.claim().await?;
         let pass = self.publish(claim).await;
-        self.record(pass).await
+        self.record(pass)
+            .await
+            .map_err(|unrecorded| unrecorded.error)
+    }
+
+    /// The longest delay the relay sets before an event's next attempt: a row due later than
+    /// this was not scheduled by it (a clock that ran ahead), and is claimed at once.
+    fn longest_delay(&self) -> Duration {
+        self.config
+            .backoff
+            .max
+            .max(self.config.unreachable_backoff.max)
+            + Duration::from_secs(1)
+    }
+
+    /// Tracks whether the broker's storage is full, logging each change and keeping
+    /// `outbox_broker_storage_full` (1 while full) up to date.
+    fn note_storage_full(&self, full: bool) {
+        if self.storage_full.swap(full, Ordering::Relaxed) == full {
+            return;
+        }
+        metrics::gauge!("outbox_broker_storage_full").set(f64::from(u8::from(full)));
+        if full {
+            tracing::warn!(
+                "the broker's storage is full (the stream's or its account's limits): events \
+                 stay pending and are retried until room is made (a full broker never makes an \
+                 event dead)"
+            );
+        } else {
+            tracing::info!("the broker has room again; publishing resumes");
+        }
     }
 
     /// Tracks whether the broker is reachable from what a pass saw, logging each change and
     /// keeping `outbox_broker_unreachable` (1 while unreachable) up to date.
     fn note_reachability(&self, reached: bool, unreached: bool) {
         if reached {
+            self.note_storage_full(false);
             let passes = self.outage.swap(0, Ordering::Relaxed);
             if passes > 0 {
                 tracing::info!(passes, "broker reachable again; publishing resumes");

@@ -3,18 +3,17 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
-use std::time::Duration;
 
-use super::storage::{self, Claimed};
+use super::storage::{self, Claimed, Failures};
 use super::{BatchReport, Relay};
-use crate::Publisher;
+use crate::{Ack, PublishError, Publisher};
 
 impl<P: Publisher> Relay<P> {
     /// Claims due rows in a new transaction, which stays open, holding them, until
     /// [`Relay::record`].
     pub(super) async fn claim(&self) -> sqlx::Result<Claim> {
         let mut tx = storage::begin_claim(&self.pool, self.config.lease).await?;
-        let rows = storage::claim(&mut tx, self.config.batch_size).await?;
+        let rows = storage::claim(&mut tx, self.config.batch_size, self.longest_delay()).await?;
         let locked = rows.len();
         let rows = rows.into_iter().filter(|row| !row.held_back).collect();
         Ok(Claim {
@@ -83,46 +82,50 @@ impl<P: Publisher> Relay<P> {
                 tracing::warn!("pass out of time; the rest of its rows wait for the next pass");
                 break;
             }
+            if self.full_check_due() {
+                // A reconnect, or a sign the stream lost messages: the stream is checked (and
+                // what it lost moved back) before any later event goes out, or it could overtake
+                // an earlier one of its aggregate that is to be published again.
+                break;
+            }
             // Later events of a failed aggregate must not overtake the failed one.
             let mut wave: Vec<(usize, Claimed)> = wave
                 .into_iter()
                 .filter(|(aggregate, _)| !failed_aggregates[*aggregate])
                 .collect();
+            let mut messages = Vec::with_capacity(wave.len());
+            wave.retain_mut(|(aggregate, row)| match self.message(row) {
+                Ok(message) => {
+                    messages.push(message);
+                    true
+                }
+                Err(reason) => {
+                    tracing::error!(
+                        event.id = %row.id, outbox.seq = row.seq, reason,
+                        "event cannot be published; it is dead and its aggregate is parked"
+                    );
+                    pass.failed.push_fatal(row.seq, reason);
+                    failed_aggregates[*aggregate] = true;
+                    false
+                }
+            });
             if wave.is_empty() {
                 // A later wave holds only aggregates of this one, all failed.
                 break;
             }
-            let messages = wave.iter_mut().map(|(_, row)| self.message(row)).collect();
+            // Any stream sequence acknowledged from here on is above this one, unless the
+            // stream lost what it had stored.
+            let floor = self.acked_high.load(Ordering::Acquire);
             let results = self.publisher.publish(messages).await;
             for ((aggregate, row), result) in wave.into_iter().zip(results) {
-                match result {
-                    Ok(()) => {
-                        reached = true;
-                        pass.published.push((row.seq, row.created_at));
-                    }
-                    Err(error) if error.is_transient() => {
+                match self.settle(&mut pass, &row, result, floor) {
+                    Settled::Published => reached = true,
+                    Settled::Unreached => {
                         unreached = true;
-                        let passes = self.outage.load(Ordering::Relaxed) + 1;
-                        let delay = self
-                            .config
-                            .unreachable_backoff
-                            .delay(passes, &mut rand::rng());
-                        tracing::debug!(
-                            event.id = %row.id, aggregate.id = %row.aggregate_id,
-                            error = %error.chain(), "publish failed; retried, not counted"
-                        );
-                        pass.failed.push(row.seq, error.chain(), delay, false);
                         failed_aggregates[aggregate] = true;
                     }
-                    Err(error) => {
+                    Settled::Refused => {
                         reached = true;
-                        let attempts = row.attempts.unsigned_abs() + 1;
-                        let delay = self.config.backoff.delay(attempts, &mut rand::rng());
-                        tracing::warn!(
-                            event.id = %row.id, aggregate.id = %row.aggregate_id, attempts,
-                            error = %error.chain(), "publish refused by the broker"
-                        );
-                        pass.failed.push(row.seq, error.chain(), delay, true);
                         failed_aggregates[aggregate] = true;
                     }
                 }
@@ -134,57 +137,135 @@ impl<P: Publisher> Relay<P> {
         pass
     }
 
+    /// Notes the broker's answer to `row`'s publish in `pass`.
+    fn settle(
+        &self,
+        pass: &mut Pass,
+        row: &Claimed,
+        result: Result<Ack, PublishError>,
+        floor: u64,
+    ) -> Settled {
+        match result {
+            Ok(ack) => {
+                if !ack.duplicate {
+                    if ack.stream_seq <= floor {
+                        self.stream_went_back(ack.stream_seq, floor);
+                    }
+                    self.acked(ack.stream_seq, row.id);
+                }
+                pass.published.push(Published {
+                    seq: row.seq,
+                    created_at: row.created_at,
+                    stream_seq: i64::try_from(ack.stream_seq).unwrap_or(i64::MAX),
+                });
+                Settled::Published
+            }
+            Err(error) if error.is_transient() => {
+                match error {
+                    PublishError::StreamNotFound(_) => self.stream_missing(),
+                    PublishError::StorageFull(_) => self.note_storage_full(true),
+                    _ => {}
+                }
+                let passes = self.outage.load(Ordering::Relaxed) + 1;
+                let delay = self
+                    .config
+                    .unreachable_backoff
+                    .delay(passes, &mut rand::rng());
+                tracing::debug!(
+                    event.id = %row.id, aggregate.id = %row.aggregate_id,
+                    error = %error.chain(), "publish failed; retried, not counted"
+                );
+                pass.failed.push(row.seq, error.chain(), delay, false);
+                Settled::Unreached
+            }
+            Err(error) => {
+                let attempts = row.attempts.unsigned_abs() + 1;
+                let delay = self.config.backoff.delay(attempts, &mut rand::rng());
+                tracing::warn!(
+                    event.id = %row.id, aggregate.id = %row.aggregate_id, attempts,
+                    error = %error.chain(), "publish refused by the broker"
+                );
+                pass.failed.push(row.seq, error.chain(), delay, true);
+                Settled::Refused
+            }
+        }
+    }
+
     /// Moves a pass's acknowledged rows to `outbox_published`, marks its failed ones retried
-    /// later (or dead), commits, and counts the outcome.
-    pub(super) async fn record(&self, pass: Pass) -> sqlx::Result<BatchReport> {
+    /// later (or dead), commits, and counts the outcome. When that fails, what was published is
+    /// handed back, to be recorded again without being published again.
+    pub(super) async fn record(&self, pass: Pass) -> Result<BatchReport, Unrecorded> {
         let Pass {
-            mut report,
+            report,
             mut tx,
             published,
             failed,
         } = pass;
+        let recorded = self.record_outcome(&mut tx, &published, &failed).await;
+        let recorded = match recorded {
+            Ok(dead) => tx.commit().await.map(|()| dead),
+            Err(error) => Err(error),
+        };
+        match recorded {
+            Ok(dead) => Ok(Self::count_recorded(report, &published, &failed, &dead)),
+            Err(error) => Err(Unrecorded {
+                report,
+                published,
+                failed,
+                error,
+            }),
+        }
+    }
+
+    /// Writes a pass's outcome in `conn`'s transaction; returns the seqs that became dead.
+    pub(super) async fn record_outcome(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        published: &[Published],
+        failed: &Failures,
+    ) -> sqlx::Result<Vec<i64>> {
         if !published.is_empty() {
-            let seqs: Vec<i64> = published.iter().map(|(seq, _)| *seq).collect();
+            let seqs: Vec<i64> = published.iter().map(|p| p.seq).collect();
             if self.config.delete_published {
-                storage::delete_published(&mut tx, &seqs).await?;
+                storage::delete_published(conn, &seqs).await?;
             } else {
-                storage::move_published(&mut tx, &seqs).await?;
+                let stream_seqs: Vec<i64> = published.iter().map(|p| p.stream_seq).collect();
+                storage::move_published(conn, &seqs, &stream_seqs).await?;
             }
         }
-        let dead = if failed.seqs.is_empty() {
-            Vec::new()
+        if failed.is_empty() {
+            Ok(Vec::new())
         } else {
-            storage::mark_failed(
-                &mut tx,
-                &failed.seqs,
-                &failed.errors,
-                &failed.delays,
-                &failed.counted,
-                self.config.max_attempts,
-            )
-            .await?
-        };
-        tx.commit().await?;
-        if report.claimed == 0 {
-            return Ok(report);
+            storage::mark_failed(conn, failed, self.config.max_attempts).await
         }
+    }
 
+    /// Counts a recorded outcome in the metrics and the report.
+    pub(super) fn count_recorded(
+        mut report: BatchReport,
+        published: &[Published],
+        failed: &Failures,
+        dead: &[i64],
+    ) -> BatchReport {
+        if report.claimed == 0 {
+            return report;
+        }
         let now = chrono::Utc::now();
-        for (_, created_at) in &published {
-            let latency = (now - *created_at).to_std().unwrap_or_default();
+        for p in published {
+            let latency = (now - p.created_at).to_std().unwrap_or_default();
             metrics::histogram!("outbox_commit_to_ack_seconds").record(latency.as_secs_f64());
         }
         metrics::counter!("outbox_published_total").increment(published.len() as u64);
-        metrics::counter!("outbox_publish_failures_total").increment(failed.seqs.len() as u64);
+        metrics::counter!("outbox_publish_failures_total").increment(failed.len() as u64);
         metrics::counter!("outbox_dead_total").increment(dead.len() as u64);
         metrics::histogram!("outbox_relay_batch_size").record(report.claimed as f64);
-        for seq in &dead {
+        for seq in dead {
             tracing::error!(outbox.seq = seq, "event is dead; its aggregate is parked");
         }
         report.published = published.len();
-        report.failed = failed.seqs.len();
+        report.failed = failed.len();
         report.dead = dead.len();
-        Ok(report)
+        report
     }
 }
 
@@ -230,27 +311,38 @@ pub(super) struct Claim {
 pub(super) struct Pass {
     report: BatchReport,
     tx: sqlx::Transaction<'static, sqlx::Postgres>,
-    published: Vec<(i64, chrono::DateTime<chrono::Utc>)>,
+    published: Vec<Published>,
     failed: Failures,
 }
 
-/// Failed rows, as the column arrays `mark_failed` takes.
-#[derive(Default)]
-struct Failures {
-    seqs: Vec<i64>,
-    errors: Vec<String>,
-    delays: Vec<f64>,
-    /// Whether the failure counts toward `max_attempts` (the broker refused the message).
-    counted: Vec<bool>,
+/// What became of one publish.
+enum Settled {
+    /// The broker stored it.
+    Published,
+    /// The broker was not reached, or had no stream or no room: retried, not counted.
+    Unreached,
+    /// The broker refused it: retried later, counted.
+    Refused,
 }
 
-impl Failures {
-    fn push(&mut self, seq: i64, error: String, delay: Duration, counted: bool) {
-        self.seqs.push(seq);
-        self.errors.push(error);
-        self.delays.push(delay.as_secs_f64());
-        self.counted.push(counted);
-    }
+/// A row the broker acknowledged.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Published {
+    pub(super) seq: i64,
+    pub(super) created_at: chrono::DateTime<chrono::Utc>,
+    /// Where the stream stored it.
+    pub(super) stream_seq: i64,
+}
+
+/// The outcome of a pass that could not be recorded (its transaction is gone, its rows free):
+/// what the broker stored must be recorded without publishing it again.
+#[derive(Debug)]
+pub(super) struct Unrecorded {
+    pub(super) report: BatchReport,
+    pub(super) published: Vec<Published>,
+    pub(super) failed: Failures,
+    /// Why recording failed.
+    pub(super) error: sqlx::Error,
 }
 
 #[cfg(test)]
@@ -268,6 +360,7 @@ mod tests {
             traceparent: None,
             attempts: 0,
             created_at: chrono::Utc::now(),
+            first_published_at: chrono::Utc::now(),
             held_back: false,
         }
     }

@@ -6,7 +6,14 @@
 //! A claim that came back partial took every due row committed before it began, so the next
 //! round claims again only if a commit was signalled since, rows were held back, or the claim
 //! failed: at a steady trickle of commits, each commit then costs one claim, not a claim and
-//! an empty one.
+//! an empty one. Rows held back in any claim are claimed again right after the passes ahead of
+//! them are recorded, whatever the poll interval.
+//!
+//! A check of the stream (`watch`) runs when it is due and nothing is in flight; no claim is
+//! made until a failed full check succeeds. A pass whose record fails after its publishes
+//! (its transaction lost, a permission missing, a trigger failing) is not published again:
+//! its outcome is recorded again alone, after a growing pause, and nothing is claimed
+//! meanwhile.
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -17,8 +24,9 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::Relay;
-use super::pass::{Claim, Pass};
-use crate::Publisher;
+use super::pass::{Claim, Pass, Unrecorded};
+use super::watch::Checked;
+use crate::{Backoff, Publisher};
 
 /// What is in flight between rounds, and how commits are heard of.
 pub(super) struct Scheduler<'r, P> {
@@ -32,6 +40,12 @@ pub(super) struct Scheduler<'r, P> {
     /// Whether the next round claims even if no commit was signalled: false only after a
     /// partial claim that held nothing back.
     reclaim: bool,
+    /// A full claim held rows back: once nothing is in flight, claim again at once.
+    held_back: bool,
+    /// Outcomes of passes published but not recorded, and how many times in a row recording
+    /// them failed.
+    unrecorded_outcomes: Vec<Unrecorded>,
+    record_failures: u32,
 }
 
 /// What a round leaves to do.
@@ -44,6 +58,10 @@ pub(super) enum Round {
     Stopped,
 }
 
+/// Pauses between attempts to record an outcome again: it was published, so nothing waits
+/// on the broker, and the cause (a missing grant, a failing trigger) needs an operator.
+const RECORD_BACKOFF: Backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(60));
+
 impl<'r, P: Publisher> Scheduler<'r, P> {
     pub(super) fn new(relay: &'r Relay<P>) -> Self {
         Self {
@@ -53,6 +71,9 @@ impl<'r, P: Publisher> Scheduler<'r, P> {
             claimed: None,
             unrecorded: Vec::new(),
             reclaim: true,
+            held_back: false,
+            unrecorded_outcomes: Vec::new(),
+            record_failures: 0,
         }
     }
 
@@ -69,6 +90,16 @@ impl<'r, P: Publisher> Scheduler<'r, P> {
         if self.listener.is_none() {
             self.listener = relay.listen().await;
         }
+        if !self.in_flight() && !self.unrecorded_outcomes.is_empty() {
+            return self.record_again(shutdown).await;
+        }
+        let check_due = relay.check_due();
+        if check_due
+            && !self.in_flight()
+            && let Some(round) = self.check_stream(shutdown).await
+        {
+            return round;
+        }
         // While the broker is unreachable, one claim at a time, each after a pause: the
         // backlog is not cycled through (and rewritten) as fast as the database allows.
         let outage = relay.outage.load(Ordering::Relaxed);
@@ -83,7 +114,10 @@ impl<'r, P: Publisher> Scheduler<'r, P> {
                 () = tokio::time::sleep(pause) => {}
             }
         }
-        let claiming = if outage > 0 {
+        // A check waits for what is in flight; a pass not recorded, for its record.
+        let claiming = if (check_due && in_flight) || !self.unrecorded_outcomes.is_empty() {
+            false
+        } else if outage > 0 {
             !in_flight
         } else {
             self.reclaim || self.signalled()
@@ -106,36 +140,15 @@ impl<'r, P: Publisher> Scheduler<'r, P> {
             },
         );
         self.unrecorded.extend(published);
-        let mut failed = recorded.is_err();
-        let mut held_back = false;
+        let mut failed = !recorded.is_empty();
+        self.unrecorded_outcomes.extend(recorded);
         let nothing_to_publish = matches!(next, Ok(Next::Nothing { .. }));
-        match next {
-            Ok(Next::Backlog(claim)) => {
-                self.claimed = Some(claim);
-                self.reclaim = true;
-            }
-            Ok(Next::Published {
-                pass,
-                held_back: held,
-            }) => {
-                self.unrecorded.push(pass);
-                held_back = held;
-                self.reclaim = held;
-            }
-            Ok(Next::Nothing { held_back: held }) => {
-                held_back = held;
-                self.reclaim = held;
-            }
-            Ok(Next::Skipped) => {}
-            Err(error) => {
-                tracing::error!(error = ?error, "relay pass failed");
-                failed = true;
-                self.reclaim = true;
-            }
-        }
-        if self.in_flight() {
+        let (claim_failed, mut held_back) = self.take(next);
+        failed |= claim_failed;
+        if self.in_flight() || !self.unrecorded_outcomes.is_empty() {
             return Round::Busy;
         }
+        held_back |= std::mem::take(&mut self.held_back);
         // The claim found nothing to publish and no pass holds rows: during an outage, only
         // asking tells whether the broker is back. While events wait, their publishes tell
         // (a broker that answers but refuses them, e.g. without the stream, stays unreachable).
@@ -195,9 +208,83 @@ impl<'r, P: Publisher> Scheduler<'r, P> {
         here || elsewhere
     }
 
-    /// Records the passes published; a claim not yet published is let go.
+    /// Keeps what a claim led to for the next rounds; returns whether it failed and whether it
+    /// held rows back.
+    fn take(&mut self, next: sqlx::Result<Next>) -> (bool, bool) {
+        match next {
+            Ok(Next::Backlog(claim)) => {
+                self.held_back |= claim.locked > claim.rows.len();
+                self.claimed = Some(claim);
+                self.reclaim = true;
+                (false, false)
+            }
+            Ok(Next::Published { pass, held_back }) => {
+                self.unrecorded.push(pass);
+                self.reclaim = held_back;
+                (false, held_back)
+            }
+            Ok(Next::Nothing { held_back }) => {
+                self.reclaim = held_back;
+                (false, held_back)
+            }
+            Ok(Next::Skipped) => (false, false),
+            Err(error) => {
+                tracing::error!(error = ?error, "relay pass failed");
+                self.reclaim = true;
+                (true, false)
+            }
+        }
+    }
+
+    /// Checks the stream; returns the round's end when the check failed (nothing is claimed
+    /// until one succeeds).
+    async fn check_stream(&mut self, shutdown: &CancellationToken) -> Option<Round> {
+        match self.relay.check_stream().await {
+            Checked::Clear => None,
+            Checked::Republished => {
+                self.reclaim = true;
+                None
+            }
+            Checked::Failed => Some(pause(Duration::from_secs(1), shutdown).await),
+        }
+    }
+
+    /// Records again, after a pause that grows with each failure, the outcomes of passes whose
+    /// record failed; see the module documentation.
+    async fn record_again(&mut self, shutdown: &CancellationToken) -> Round {
+        let delay = RECORD_BACKOFF.delay(self.record_failures, &mut rand::rng());
+        if let Round::Stopped = pause(delay, shutdown).await {
+            return Round::Stopped;
+        }
+        let outcomes = std::mem::take(&mut self.unrecorded_outcomes);
+        for outcome in outcomes {
+            match self.relay.record_alone(outcome).await {
+                Ok(()) => self.record_failures = 0,
+                Err(outcome) => {
+                    self.record_failures = self.record_failures.saturating_add(1);
+                    self.unrecorded_outcomes.push(outcome);
+                }
+            }
+        }
+        self.reclaim = true;
+        Round::Busy
+    }
+
+    /// Records the passes published, and the outcomes not recorded yet; a claim not yet
+    /// published is let go.
     pub(super) async fn finish(self) {
-        let _ = self.relay.record_all(self.unrecorded).await;
+        let failed = self.relay.record_all(self.unrecorded).await;
+        for outcome in self.unrecorded_outcomes.into_iter().chain(failed) {
+            let _ = self.relay.record_alone(outcome).await;
+        }
+    }
+}
+
+/// Waits `wait`, or until shutdown: a pause that commits do not cut short.
+async fn pause(wait: Duration, shutdown: &CancellationToken) -> Round {
+    tokio::select! {
+        () = shutdown.cancelled() => Round::Stopped,
+        () = tokio::time::sleep(wait) => Round::Busy,
     }
 }
 
@@ -229,15 +316,44 @@ impl<P: Publisher> Relay<P> {
         })
     }
 
-    /// [`Relay::record`]s passes side by side; an error is logged, and reported once.
-    async fn record_all(&self, passes: Vec<Pass>) -> Result<(), ()> {
+    /// [`Relay::record`]s passes side by side; returns the outcomes that could not be
+    /// recorded, each logged.
+    async fn record_all(&self, passes: Vec<Pass>) -> Vec<Unrecorded> {
         let results = futures::future::join_all(passes.into_iter().map(|p| self.record(p))).await;
-        let mut outcome = Ok(());
-        for error in results.into_iter().filter_map(Result::err) {
-            tracing::error!(error = ?error, "relay pass failed");
-            outcome = Err(());
+        let failed: Vec<Unrecorded> = results.into_iter().filter_map(Result::err).collect();
+        for outcome in &failed {
+            log_unrecorded(outcome);
         }
-        outcome
+        failed
+    }
+
+    /// Records an outcome in a transaction of its own (its pass's is gone); hands it back when
+    /// that fails too.
+    async fn record_alone(&self, outcome: Unrecorded) -> Result<(), Unrecorded> {
+        let recorded = async {
+            let mut tx = self.pool.begin().await?;
+            let dead = self
+                .record_outcome(&mut tx, &outcome.published, &outcome.failed)
+                .await?;
+            tx.commit().await?;
+            Ok::<_, sqlx::Error>(dead)
+        }
+        .await;
+        match recorded {
+            Ok(dead) => {
+                tracing::info!(
+                    events = outcome.published.len(),
+                    "a published pass is recorded at last"
+                );
+                Self::count_recorded(outcome.report, &outcome.published, &outcome.failed, &dead);
+                Ok(())
+            }
+            Err(error) => {
+                let outcome = Unrecorded { error, ..outcome };
+                log_unrecorded(&outcome);
+                Err(outcome)
+            }
+        }
     }
 
     async fn listen(&self) -> Option<PgListener> {
@@ -250,6 +366,18 @@ impl<P: Publisher> Relay<P> {
             }
         }
     }
+}
+
+/// Logs and counts an outcome whose record failed.
+fn log_unrecorded(outcome: &Unrecorded) {
+    metrics::counter!("outbox_record_failures_total").increment(1);
+    tracing::error!(
+        error = %crate::error::chain(&outcome.error),
+        published = outcome.published.len(),
+        failed = outcome.failed.len(),
+        "recording a relay pass failed; its outcome is recorded again after a pause, \
+         without publishing it again"
+    );
 }
 
 /// Resolves when a commit was notified, or when notifications may have been missed (the

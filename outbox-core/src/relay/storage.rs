@@ -19,6 +19,9 @@ pub(crate) struct Claimed {
     pub(crate) traceparent: Option<String>,
     pub(crate) attempts: i32,
     pub(crate) created_at: DateTime<Utc>,
+    /// When a copy was first stored by the broker: now for an event never published, the
+    /// original time for one moved back into the outbox because the broker lost it.
+    pub(crate) first_published_at: DateTime<Utc>,
     /// An earlier event of its aggregate is not in the same claim: it must wait.
     pub(crate) held_back: bool,
 }
@@ -74,16 +77,25 @@ pub(crate) async fn begin_claim(
 
 /// Locks up to `limit` due pending rows (skipping rows other relays hold) and returns them in
 /// seq order, each marked `held_back` unless it heads its aggregate: every earlier unpublished
-/// event of the aggregate is in the same claim. Runs in a [`begin_claim`] transaction.
-pub(crate) async fn claim(conn: &mut PgConnection, limit: i64) -> sqlx::Result<Vec<Claimed>> {
+/// event of the aggregate is in the same claim. A row due more than `longest_delay` from now
+/// counts as due: no delay the relay sets is that long, so the time was written by a clock that
+/// ran ahead (the database's, since corrected) or by hand. Runs in a [`begin_claim`]
+/// transaction.
+pub(crate) async fn claim(
+    conn: &mut PgConnection,
+    limit: i64,
+    longest_delay: Duration,
+) -> sqlx::Result<Vec<Claimed>> {
     sqlx::query_as!(
         Claimed,
         r#"
         WITH claimed AS (
             SELECT seq, id, aggregate_type, aggregate_id, event_type, payload, traceparent,
-                   attempts, created_at
+                   attempts, created_at, published_at
             FROM outbox o
-            WHERE status = 'pending' AND next_attempt_at <= now()
+            WHERE status = 'pending'
+              AND (next_attempt_at <= now()
+                   OR next_attempt_at > now() + make_interval(secs => $2))
               -- Behind a dead or failing head only the head is claimed (when due), so one
               -- failing aggregate cannot fill the batch and starve the others.
               AND NOT EXISTS (
@@ -108,6 +120,7 @@ pub(crate) async fn claim(conn: &mut PgConnection, limit: i64) -> sqlx::Result<V
                o.aggregate_id AS "aggregate_id!", o.event_type AS "event_type!",
                o.payload::text AS "payload!", o.traceparent, o.attempts AS "attempts!",
                o.created_at AS "created_at!",
+               COALESCE(o.published_at, now()) AS "first_published_at!",
                -- An earlier event locked by another pass or relay, or dead, holds it back.
                (SELECT any_row FROM passed_over) AND EXISTS (
                    SELECT 1 FROM outbox p
@@ -122,9 +135,49 @@ pub(crate) async fn claim(conn: &mut PgConnection, limit: i64) -> sqlx::Result<V
         ORDER BY o.seq
         "#,
         limit,
+        longest_delay.as_secs_f64(),
     )
     .fetch_all(conn)
     .await
+}
+
+/// Failed rows, as the column arrays [`mark_failed`] takes.
+#[derive(Debug, Default)]
+pub(crate) struct Failures {
+    pub(crate) seqs: Vec<i64>,
+    pub(crate) errors: Vec<String>,
+    /// Seconds until the next attempt.
+    pub(crate) delays: Vec<f64>,
+    /// Whether the failure counts toward `max_attempts` (the broker refused the message).
+    pub(crate) counted: Vec<bool>,
+    /// Whether the row can never become a message: dead at once.
+    pub(crate) fatal: Vec<bool>,
+}
+
+impl Failures {
+    pub(crate) fn push(&mut self, seq: i64, error: String, delay: Duration, counted: bool) {
+        self.seqs.push(seq);
+        self.errors.push(error);
+        self.delays.push(delay.as_secs_f64());
+        self.counted.push(counted);
+        self.fatal.push(false);
+    }
+
+    /// A row that can never become a message, for `reason`.
+    pub(crate) fn push_fatal(&mut self, seq: i64, reason: String) {
+        self.push(seq, reason, Duration::ZERO, true);
+        if let Some(fatal) = self.fatal.last_mut() {
+            *fatal = true;
+        }
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.seqs.is_empty()
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.seqs.len()
+    }
 }
 
 /// Deletes rows once published, for relays that keep no published rows.
@@ -135,24 +188,34 @@ pub(crate) async fn delete_published(conn: &mut PgConnection, seqs: &[i64]) -> s
     Ok(())
 }
 
-/// Moves rows, published now, from the outbox to `outbox_published`, in the partition of the
-/// current two hours. Their `published_at`, which the retention counts from, is when the pass
-/// began (`now()`), as the benchmark's latency split takes it.
-pub(crate) async fn move_published(conn: &mut PgConnection, seqs: &[i64]) -> sqlx::Result<()> {
+/// Moves rows, published now, from the outbox to `outbox_published` with the stream sequence
+/// each was acknowledged at (`stream_seqs[i]` for `seqs[i]`), in the partition of the time they
+/// were first published. That time, which the retention counts from, is when the pass began
+/// (`now()`), as the benchmark's latency split takes it; for an event the broker lost and the
+/// relay published again, the first time it was.
+pub(crate) async fn move_published(
+    conn: &mut PgConnection,
+    seqs: &[i64],
+    stream_seqs: &[i64],
+) -> sqlx::Result<()> {
     sqlx::query!(
         r#"
         WITH published AS (
             DELETE FROM outbox WHERE seq = ANY($1)
             RETURNING seq, id, aggregate_type, aggregate_id, event_type, payload, traceparent,
-                      attempts, created_at
+                      attempts, created_at, COALESCE(published_at, now()) AS published_at
         )
         INSERT INTO outbox_published (seq, id, aggregate_type, aggregate_id, event_type, payload,
-                                      traceparent, attempts, created_at, published_at, slot)
-        SELECT seq, id, aggregate_type, aggregate_id, event_type, payload, traceparent, attempts,
-               created_at, now(), outbox_published_slot(now())
-        FROM published
+                                      traceparent, attempts, created_at, published_at, slot,
+                                      stream_seq)
+        SELECT p.seq, p.id, p.aggregate_type, p.aggregate_id, p.event_type, p.payload,
+               p.traceparent, p.attempts, p.created_at, p.published_at,
+               outbox_published_slot(p.published_at), a.stream_seq
+        FROM published p JOIN unnest($1::bigint[], $2::bigint[]) AS a(seq, stream_seq)
+            ON a.seq = p.seq
         "#,
         seqs,
+        stream_seqs,
     )
     .execute(conn)
     .await?;
@@ -160,14 +223,11 @@ pub(crate) async fn move_published(conn: &mut PgConnection, seqs: &[i64]) -> sql
 }
 
 /// Records failed attempts: error, next attempt the given delay after now (the failure, not
-/// the claim), and for counted ones an attempt more, dead at `max_attempts`. Returns the seqs
-/// that became dead.
+/// the claim), and for counted ones an attempt more, dead at `max_attempts` or at once when
+/// `fatal` (a row that can never become a message). Returns the seqs that became dead.
 pub(crate) async fn mark_failed(
     conn: &mut PgConnection,
-    seqs: &[i64],
-    errors: &[String],
-    delays_seconds: &[f64],
-    counted: &[bool],
+    failures: &Failures,
     max_attempts: i32,
 ) -> sqlx::Result<Vec<i64>> {
     sqlx::query_scalar!(
@@ -176,16 +236,18 @@ pub(crate) async fn mark_failed(
         SET attempts = o.attempts + f.counted::int,
             last_error = f.error,
             next_attempt_at = clock_timestamp() + make_interval(secs => f.delay),
-            status = CASE WHEN f.counted AND o.attempts + 1 >= $5 THEN 'dead' ELSE 'pending' END
-        FROM unnest($1::bigint[], $2::text[], $3::float8[], $4::bool[])
-            AS f(seq, error, delay, counted)
+            status = CASE WHEN f.fatal OR (f.counted AND o.attempts + 1 >= $6) THEN 'dead'
+                          ELSE 'pending' END
+        FROM unnest($1::bigint[], $2::text[], $3::float8[], $4::bool[], $5::bool[])
+            AS f(seq, error, delay, counted, fatal)
         WHERE o.seq = f.seq
         RETURNING CASE WHEN o.status = 'dead' THEN o.seq END AS "seq"
         "#,
-        seqs,
-        errors,
-        delays_seconds,
-        counted,
+        &failures.seqs,
+        &failures.errors,
+        &failures.delays,
+        &failures.counted,
+        &failures.fatal,
         max_attempts,
     )
     .fetch_all(conn)
@@ -224,7 +286,9 @@ mod tests {
 
         let limit = 100;
         let mut tx = begin_claim(&pool, Duration::from_secs(30)).await.unwrap();
-        let claimed = claim(&mut tx, limit).await.unwrap();
+        let claimed = claim(&mut tx, limit, Duration::from_secs(60))
+            .await
+            .unwrap();
         let fetched = read_rows(&mut tx).await;
 
         assert_eq!(claimed.len(), 100);
@@ -279,7 +343,7 @@ mod tests {
             let (mut tx, seqs) = claim_seqs(pool).await;
             let before = read_rows(&mut tx).await;
             match record {
-                Record::Published => move_published(&mut tx, &seqs).await.unwrap(),
+                Record::Published => move_published(&mut tx, &seqs, &seqs).await.unwrap(),
                 Record::Refused => refuse(&mut tx, &seqs).await,
             }
             let read = read_rows(&mut tx).await - before;
@@ -317,7 +381,7 @@ mod tests {
         for rows in 1..=8 {
             insert(&pool, rows, "pending").await;
             let (mut tx, seqs) = claim_seqs(&pool).await;
-            move_published(&mut tx, &seqs).await.unwrap();
+            move_published(&mut tx, &seqs, &seqs).await.unwrap();
             tx.commit().await.unwrap();
         }
         let plans: Vec<(String, i64, i64)> = sqlx::query_as(
@@ -368,17 +432,17 @@ mod tests {
 
     /// Records a refused publish of each of `seqs`, retried in a minute.
     async fn refuse(conn: &mut PgConnection, seqs: &[i64]) {
-        let n = seqs.len();
-        let errors = vec![String::from("refused"); n];
-        mark_failed(conn, seqs, &errors, &vec![60.0; n], &vec![true; n], 5)
-            .await
-            .unwrap();
+        let mut failures = Failures::default();
+        for seq in seqs {
+            failures.push(*seq, "refused".into(), Duration::from_secs(60), true);
+        }
+        mark_failed(conn, &failures, 5).await.unwrap();
     }
 
     /// Begins a claim's transaction and claims up to 10 rows; returns it with their seqs.
     async fn claim_seqs(pool: &PgPool) -> (Transaction<'static, Postgres>, Vec<i64>) {
         let mut tx = begin_claim(pool, Duration::from_secs(30)).await.unwrap();
-        let claimed = claim(&mut tx, 10).await.unwrap();
+        let claimed = claim(&mut tx, 10, Duration::from_secs(60)).await.unwrap();
         (tx, claimed.iter().map(|c| c.seq).collect())
     }
 

@@ -6,7 +6,8 @@
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use async_nats::jetstream::{self, stream::Stream};
+use async_nats::jetstream;
+use async_nats::jetstream::stream::{LastRawMessageErrorKind, Stream};
 use futures::future::BoxFuture;
 use jetstream_outbox::headers;
 use jetstream_outbox::inbox::Digest;
@@ -42,7 +43,7 @@ impl TestStream {
             name: format!("T{suffix}"),
             jetstream,
         };
-        let spec = StreamSpec::new(&stream.name, vec![format!("{}.>", stream.prefix)]);
+        let spec = stream.spec();
         // Set-up, not what the tests are about: nats-server 2.9 once answered a creation among
         // sixteen at once with a transient "error creating store for stream" (500).
         let (jetstream, spec) = (&stream.jetstream, &spec);
@@ -58,6 +59,11 @@ impl TestStream {
         )
         .await;
         stream
+    }
+
+    /// The stream as the tests create it.
+    pub fn spec(&self) -> StreamSpec {
+        StreamSpec::new(&self.name, vec![format!("{}.>", self.prefix)])
     }
 
     pub fn publisher(&self) -> JetStreamPublisher {
@@ -85,7 +91,12 @@ impl TestStream {
         let last = stream.get_info().await.expect("info").state.last_sequence;
         let mut out = Vec::new();
         for seq in 1..=last {
-            let message = stream.get_raw_message(seq).await.expect("message");
+            let message = match stream.get_raw_message(seq).await {
+                Ok(message) => message,
+                // Deleted, or removed by the stream's limits.
+                Err(error) if error.kind() == LastRawMessageErrorKind::NoMessageFound => continue,
+                Err(error) => panic!("message {seq}: {error}"),
+            };
             let header = |name: &str| {
                 message
                     .headers

@@ -1,0 +1,222 @@
+//! A broker that forgets what it acknowledged, against the real binaries with their defaults:
+//! nats-server restarted on an older copy of its store (what a power loss leaves of a store
+//! JetStream had not synced), restarted empty, its stream deleted by an operator; in a
+//! three-node cluster, one node's store wiped and all three restarted on older copies. Also a
+//! broker whose account is out of storage, and an outage longer than billing's inbox
+//! retention. Each ends with every order invoiced exactly once, in order, nothing dead.
+
+use std::time::Duration;
+
+use e2e::cluster::{Cluster, RunningLoad, Setup, account_config};
+use e2e::eventually;
+use e2e::process::NatsServer;
+
+/// Orders accepted between two steps.
+const STEP: usize = 100;
+
+/// Waits until the relays have published every event committed so far.
+async fn all_published(cluster: &Cluster) {
+    eventually("every event published", Duration::from_secs(60), || async {
+        let pending: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM outbox WHERE status = 'pending'")
+                .fetch_one(cluster.orders_pool())
+                .await
+                .ok()?;
+        (pending == 0).then_some(())
+    })
+    .await;
+}
+
+/// Stops the load after `more` orders, waits for the system to drain and checks it.
+async fn finish_clean(cluster: Cluster, load: RunningLoad, more: usize) {
+    load.progress(more).await;
+    let ledger = load.finish().await;
+    cluster.check(&ledger).await.assert_clean();
+    cluster.stop().await;
+}
+
+/// Billing is stopped, orders are placed and every event is published and acknowledged; then
+/// nats-server restarts on a copy of its store taken before them. The events it forgot are
+/// published again from `outbox_published`, and billing invoices them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn broker_restarted_on_an_older_copy_of_its_store() {
+    let mut cluster = Cluster::start(1, 1).await;
+    let load = cluster.load(2, false);
+    load.progress(STEP / 2).await;
+    cluster.billing[0].kill().await;
+    cluster.nats[0].kill().await;
+    let copy = cluster.nats[0].copy_store();
+    cluster.nats[0].restart().await;
+    load.progress(STEP).await;
+    all_published(&cluster).await;
+
+    cluster.nats[0].kill().await;
+    cluster.nats[0].restore_store(&copy);
+    cluster.nats[0].restart().await;
+    cluster.billing[0].restart().await;
+    finish_clean(cluster, load, STEP).await;
+}
+
+/// nats-server restarts with an empty store: the stream and billing's durable consumer are
+/// gone. orders-service makes the stream again and publishes again what it held; billing makes
+/// its consumer again; neither restarts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn broker_restarted_with_an_empty_store() {
+    let mut cluster = Cluster::start(1, 1).await;
+    let load = cluster.load(2, false);
+    load.progress(STEP).await;
+    all_published(&cluster).await;
+    cluster.nats[0].kill().await;
+    cluster.nats[0].wipe_store();
+    cluster.nats[0].restart().await;
+    finish_clean(cluster, load, STEP).await;
+}
+
+/// An operator deletes the stream under load: orders-service makes it again and publishes
+/// again what it held, billing makes its consumer again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stream_deleted_by_an_operator() {
+    let cluster = Cluster::start(1, 1).await;
+    let load = cluster.load(2, false);
+    load.progress(STEP).await;
+    let client = service_kit::infra::connect_nats(&cluster.nats_url(), "operator")
+        .await
+        .unwrap();
+    async_nats::jetstream::new(client)
+        .delete_stream(&cluster.names.stream)
+        .await
+        .unwrap();
+    finish_clean(cluster, load, STEP).await;
+}
+
+/// Three nodes, the stream with three replicas, two instances of each service: one node is
+/// stopped, its store wiped, and started again (Jepsen's minority case); it catches up from the
+/// others.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nats_cluster_node_restarted_with_its_store_wiped() {
+    let setup = Setup {
+        nats_cluster: true,
+        ..Setup::default()
+    };
+    let mut cluster = Cluster::start_with(2, 2, setup).await;
+    let load = cluster.load(4, false);
+    load.progress(STEP).await;
+    let leader = cluster.stream_leader().await;
+    cluster.nats[leader].kill().await;
+    cluster.nats[leader].wipe_store();
+    cluster.nats[leader].restart().await;
+    load.progress(STEP).await;
+    finish_clean(cluster, load, STEP).await;
+}
+
+/// Three nodes, two instances of each service, billing stopped: orders are placed and
+/// published, then all three nodes restart on copies of their stores taken before them (a
+/// coordinated power loss). The events they forgot are published again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nats_cluster_restarted_on_older_copies_of_its_stores() {
+    let setup = Setup {
+        nats_cluster: true,
+        ..Setup::default()
+    };
+    let mut cluster = Cluster::start_with(2, 2, setup).await;
+    let load = cluster.load(4, false);
+    load.progress(STEP / 2).await;
+    for billing in &mut cluster.billing {
+        billing.kill().await;
+    }
+    for node in &mut cluster.nats {
+        node.kill().await;
+    }
+    let copies: Vec<_> = cluster.nats.iter().map(NatsServer::copy_store).collect();
+    for node in &mut cluster.nats {
+        node.restart().await;
+    }
+    load.progress(STEP).await;
+    all_published(&cluster).await;
+
+    for node in &mut cluster.nats {
+        node.kill().await;
+    }
+    for (node, copy) in cluster.nats.iter().zip(&copies) {
+        node.restore_store(copy);
+    }
+    for node in &mut cluster.nats {
+        node.restart().await;
+    }
+    for billing in &mut cluster.billing {
+        billing.restart().await;
+    }
+    finish_clean(cluster, load, STEP).await;
+}
+
+/// The services' account has 1 MB of JetStream storage: once the stream fills it, every publish
+/// is refused for want of room. That is an outage: orders keep being accepted, the events wait,
+/// none is dead, the gauge says so; once the operator raises the limit, all are published.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_account_out_of_storage_is_an_outage() {
+    let setup = Setup {
+        account_storage: Some(1 << 20),
+        ..Setup::default()
+    };
+    let mut cluster = Cluster::start_with(1, 1, setup).await;
+    let load = cluster.load(4, false);
+    let metrics = format!("{}/metrics", cluster.orders[0].url);
+    eventually(
+        "the broker's storage full",
+        Duration::from_secs(120),
+        || async {
+            let text = reqwest::get(&metrics).await.ok()?.text().await.ok()?;
+            text.lines()
+                .any(|line| line == "outbox_broker_storage_full 1")
+                .then_some(())
+        },
+    )
+    .await;
+    load.progress(STEP).await;
+    let dead: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox WHERE status = 'dead'")
+        .fetch_one(cluster.orders_pool())
+        .await
+        .unwrap();
+    assert_eq!(dead, 0, "a full broker makes no event dead");
+
+    let credentials = cluster.nats[0]
+        .credentials
+        .clone()
+        .expect("the account's user");
+    cluster.nats[0].kill().await;
+    cluster.nats[0].config = Some(account_config(&credentials, 1 << 30));
+    cluster.nats[0].restart().await;
+    finish_clean(cluster, load, STEP).await;
+}
+
+/// Settings of the scenario below: billing's inbox keeps records 20 s, so that an outage
+/// longer than it lasts 30 s rather than a week; the other settings shrink with it because
+/// billing refuses a retention shorter than the duplicate window, the ack wait and the retries
+/// together.
+const SHORT_RETENTION: &[(&str, &str)] = &[
+    ("INBOX_RETENTION_MS", "20000"),
+    ("NATS_DUPLICATE_WINDOW_MS", "2000"),
+    ("CONSUMER_ACK_WAIT_MS", "5000"),
+    ("CONSUMER_MAX_RETRIES", "5"),
+];
+
+/// The broker is down for longer than billing's inbox retention while orders keep coming: their
+/// events wait in the outbox, and once published are as new as their first publish, so billing
+/// applies them (before, it judged them by their creation and dead-lettered them).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outage_longer_than_the_inbox_retention() {
+    const OUTAGE: Duration = Duration::from_secs(30);
+    let setup = Setup {
+        env: SHORT_RETENTION,
+        ..Setup::default()
+    };
+    let mut cluster = Cluster::start_with(1, 1, setup).await;
+    let load = cluster.load(1, false);
+    load.progress(STEP / 2).await;
+    cluster.nats[0].kill().await;
+    cluster.relay_failed(1).await;
+    // The outage itself: a duration the scenario chooses, not a wait for a condition.
+    tokio::time::sleep(OUTAGE).await;
+    cluster.nats[0].restart().await;
+    finish_clean(cluster, load, STEP / 2).await;
+}

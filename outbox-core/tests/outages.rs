@@ -1,0 +1,150 @@
+//! Outages the relay rides out without making an event dead or flooding the stream: a broker
+//! with no room left, and a record that fails after its publishes. In a test binary of its
+//! own: the gauges and counters they read live in the process-wide metrics recorder.
+
+mod common;
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use async_nats::jetstream::stream::DiscardPolicy;
+use common::{TestStream, count, enqueue, migrate};
+use jetstream_outbox::testing::{FaultyPublisher, eventually};
+use jetstream_outbox::{Relay, outbox};
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use serde_json::json;
+use sqlx::PgPool;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+
+/// The value of metric `name` (without labels) in this binary's recorder.
+fn metric(name: &str) -> Option<f64> {
+    static METRICS: OnceLock<PrometheusHandle> = OnceLock::new();
+    let handle = METRICS.get_or_init(|| {
+        let recorder = PrometheusBuilder::new().build_recorder();
+        let handle = recorder.handle();
+        metrics::set_global_recorder(recorder).expect("the only recorder of this binary");
+        handle
+    });
+    handle.render().lines().find_map(|line| {
+        let value = line.strip_prefix(name)?.strip_prefix(' ')?;
+        value.parse().ok()
+    })
+}
+
+/// A stream at its limits that discards new messages answers every publish "no room": an
+/// outage, not a refusal. `max_attempts` is 1, so that a refusal counted would make the event
+/// dead at once: none is. The gauge says the broker is full until room is made; then every
+/// event is published.
+#[sqlx::test(migrations = false)]
+async fn a_full_stream_is_an_outage_not_a_refusal(pool: PgPool) {
+    metric("outbox_broker_storage_full");
+    migrate(&pool).await;
+    let stream = TestStream::new().await;
+    let mut full = stream.stream().await.cached_info().config.clone();
+    full.max_messages = 5;
+    full.discard = DiscardPolicy::New;
+    stream.jetstream.update_stream(&full).await.unwrap();
+    for order in 0..10 {
+        enqueue(&pool, &format!("o{order}"), "OrderPlaced", json!({})).await;
+    }
+    let mut config = stream.relay_config();
+    config.max_attempts = 1;
+    let stop = tokio_util::sync::CancellationToken::new();
+    let running =
+        tokio::spawn(Relay::new(pool.clone(), stream.publisher(), config).run(stop.clone()));
+
+    eventually("the broker full", Duration::from_secs(10), || async {
+        (metric("outbox_broker_storage_full")? > 0.5).then_some(())
+    })
+    .await;
+    assert_eq!(stream.published().await.len(), 5);
+    let stats = outbox::stats(&pool).await.unwrap();
+    assert_eq!((stats.pending, stats.dead), (5, 0), "{stats:?}");
+
+    full.max_messages = -1;
+    stream.jetstream.update_stream(&full).await.unwrap();
+    eventually("every event published", Duration::from_secs(20), || async {
+        (outbox::stats(&pool).await.ok()?.pending == 0).then_some(())
+    })
+    .await;
+    assert_eq!(stream.published().await.len(), 10);
+    assert_eq!(outbox::stats(&pool).await.unwrap().dead, 0);
+    eventually("the gauge back to 0", Duration::from_secs(10), || async {
+        (metric("outbox_broker_storage_full")? < 0.5).then_some(())
+    })
+    .await;
+    stop.cancel();
+    running.await.unwrap();
+    stream.delete().await;
+}
+
+/// The relay's role may not delete from the outbox (a grant forgotten in an upgrade), so
+/// recording a pass fails after its publishes. The outcome is recorded again after growing
+/// pauses, each failure counted, and nothing is published again meanwhile; once the grant is
+/// made, every event is recorded published, none dead.
+#[sqlx::test(migrations = false)]
+async fn a_record_that_fails_backs_off_without_publishing_again(
+    options: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    metric("outbox_record_failures_total");
+    let pool = options.connect_with(connect.clone()).await.unwrap();
+    migrate(&pool).await;
+    let stream = TestStream::new().await;
+    let role = format!("relay_{}", uuid::Uuid::new_v4().simple());
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "CREATE ROLE {role} LOGIN;
+         GRANT USAGE ON SCHEMA public TO {role};
+         GRANT SELECT, INSERT, UPDATE ON outbox TO {role};
+         GRANT SELECT, INSERT ON outbox_published TO {role};"
+    )))
+    .execute(&pool)
+    .await
+    .unwrap();
+    for order in 0..10 {
+        enqueue(&pool, &format!("o{order}"), "OrderPlaced", json!({})).await;
+    }
+    let relay_pool = PgPoolOptions::new()
+        .max_connections(4)
+        .connect_with(connect.username(&role))
+        .await
+        .unwrap();
+    let publisher = FaultyPublisher::new(stream.publisher());
+    let asked = publisher.asked();
+    let stop = tokio_util::sync::CancellationToken::new();
+    let relay = Relay::new(relay_pool.clone(), publisher, stream.relay_config());
+    let running = tokio::spawn(relay.run(stop.clone()));
+
+    // Three failures in a row take at least 0.1 + 0.2 + 0.4 s of pauses.
+    eventually("three failed records", Duration::from_secs(20), || async {
+        (metric("outbox_record_failures_total")? >= 3.0).then_some(())
+    })
+    .await;
+    assert_eq!(asked.lock().unwrap().len(), 10, "each event published once");
+    assert_eq!(stream.published().await.len(), 10);
+    assert_eq!(outbox::stats(&pool).await.unwrap().pending, 10);
+
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "GRANT DELETE ON outbox TO {role}"
+    )))
+    .execute(&pool)
+    .await
+    .unwrap();
+    eventually("every event recorded", Duration::from_secs(90), || async {
+        (count(&pool, "outbox_published").await == 10).then_some(())
+    })
+    .await;
+    let stats = outbox::stats(&pool).await.unwrap();
+    assert_eq!((stats.pending, stats.dead), (0, 0), "{stats:?}");
+    assert_eq!(asked.lock().unwrap().len(), 10, "nothing published again");
+    stop.cancel();
+    running.await.unwrap();
+    relay_pool.close().await;
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "DROP OWNED BY {role}; DROP ROLE {role}"
+    )))
+    .execute(&pool)
+    .await
+    .unwrap();
+    stream.delete().await;
+}
