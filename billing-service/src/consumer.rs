@@ -1,24 +1,10 @@
 //! The JetStream consumer: each message through the inbox, acknowledged after commit.
 //!
-//! Rules, per message (the README's table lists them with their metrics):
-//! - missing `ce-id` or `ce-type`, either of them repeated, a body over 1 MiB, or a body that is
-//!   not the expected JSON (wrong types, an `orderId` that is not a valid id, a `totalMinor`
-//!   that is not a positive 64-bit integer) → dead letter, `Term`;
-//! - an event type billing does not handle (e.g. `OrderShipped`) → acknowledged, nothing done;
-//! - applied, or recognised as a duplicate (same `ce-id`, `ce-type` and body) → acknowledged
-//!   after the inbox commit;
-//! - a `ce-id` applied before for another `ce-type` or body (a producer reusing ids) → dead
-//!   letter, `Term`: it is no copy, so neither acknowledging nor applying it is right;
-//! - `ce-id` that is not 1-128 of `[A-Za-z0-9_:@-]` (a UUID is; empty, oversized or NUL-bearing
-//!   ones are not) → dead letter, `Term`;
-//! - stored in the stream or stamped `ce-time` longer ago than `INBOX_RETENTION_MS` → dead
-//!   letter: its inbox record may be gone, so it could be applied twice;
-//! - not applicable yet (`OrderPaid` before `OrderPlaced`) → `Nak` with a delay, dead letter
-//!   after `CONSUMER_MAX_RETRIES` not-yet outcomes of that message in this process
-//!   (redeliveries for any other reason, such as a database outage or an expired ack wait, do
-//!   not count);
-//! - a database error refusing the message's data for good (SQLSTATE class 22 or 54) → dead
-//!   letter; any other database error → `Nak` with a delay, never a dead letter.
+//! What it does with each message, rule by rule and in order, is written once, in
+//! `docs/messages.md` ("What billing does with each message"): `Rules::prepare` reads a message
+//! (its headers and body), [`crate::age`] judges whether it is too old to deduplicate,
+//! `Rules::apply_all` applies what can be applied in one transaction, and `Consumer::settle`
+//! acknowledges each as its verdict says.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher as _, RandomState};

@@ -1,15 +1,24 @@
-use billing_service::{App, Config};
+use billing_service::App;
+use billing_service::config::{Cli, Subcommand};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let config = Config::from_env()?;
-    // The container health check: `{service} healthcheck` asks the running service's /readyz.
-    if std::env::args().nth(1).as_deref() == Some("healthcheck") {
-        return service_kit::http::healthcheck(&config.common.listen_addr);
+    let cli = Cli::parse();
+    let command = cli.command;
+    let config = cli.config()?;
+    match command {
+        Some(Subcommand::Healthcheck) => {
+            return service_kit::http::healthcheck(&config.common.listen_addr);
+        }
+        Some(Subcommand::Migrate) => {
+            let pool = service_kit::infra::connect_db(config.common.database_url(), 1).await?;
+            return billing_service::startup::migrate(&pool).await;
+        }
+        None => {}
     }
     let _telemetry = service_kit::telemetry::init(
-        &config.common.log_format,
-        config.common.otlp.as_ref(),
+        config.common.log_format,
+        config.common.otlp()?.as_ref(),
         "billing-service",
     )?;
     App::build(config)

@@ -126,7 +126,7 @@ impl App {
                 pool,
                 rules,
                 health: base.health(),
-                admin: AdminToken::new(common.admin_token.clone()),
+                admin: AdminToken::new(common.admin_token.as_ref()),
                 gauges: Arc::new(Cached::new(service_kit::metrics::GAUGE_INTERVAL)),
             },
             http::Limits::from(common),

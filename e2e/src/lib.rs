@@ -6,14 +6,16 @@
 //! - [`process`]: starting, killing and restarting those processes;
 //! - [`proxy`]: a TCP proxy that loses the broker's replies (lost PubAcks);
 //! - [`load`]: a steady load of orders whose outcome is always known in the end;
+//! - [`docs`]: the documents generated from the code (the configuration reference);
 //! - [`checker`]: lost, duplicated, unexpected, wrongly totalled and out-of-order, after a
 //!   scenario drained;
-//! - [`bench`]: the benchmark behind the README's figures (`cargo run --release -p e2e --bin
+//! - [`bench`]: the benchmark behind BENCHMARKS.md's figures (`cargo run --release -p e2e --bin
 //!   bench`).
 
 pub mod bench;
 pub mod checker;
 pub mod cluster;
+pub mod docs;
 pub mod load;
 pub mod process;
 pub mod proxy;

@@ -74,7 +74,8 @@ async fn deliveries_during_a_database_outage_never_make_a_message_dead() {
         .port(proxy.port)
         .database(&names.billing_db)
         .to_url_lossy()
-        .to_string();
+        .to_string()
+        .into();
     // Deliveries are what count here, not their pace: at the default 1 s between them the
     // outage would have to last over 150 s.
     config.consumer.retry_delay = Duration::from_millis(20);
@@ -144,7 +145,7 @@ async fn a_body_over_one_mebibyte_is_dead_lettered_unread() {
     let nats = NatsServer::start_with_max_payload(&dir, 4 * 1024 * 1024).await;
     let names = Names::unique();
     let mut config = names.billing_config();
-    config.common.nats_url = nats.url();
+    config.common.nats_url = nats.url().into();
     let billing = RunningApp::billing(config).await;
     let jetstream = jetstream::new(async_nats::connect(nats.url()).await.unwrap());
 

@@ -168,10 +168,10 @@ async fn services_run_as_roles_that_cannot_change_the_schema() {
     .await;
 
     let mut billing_config = names.billing_config();
-    billing_config.common.database_url = billing_url.clone();
+    billing_config.common.database_url = billing_url.clone().into();
     billing_config.common.database_migrate = false;
     let mut orders_config = names.orders_config();
-    orders_config.common.database_url = orders_url.clone();
+    orders_config.common.database_url = orders_url.clone().into();
     orders_config.common.database_migrate = false;
     orders_config.common.admin_token = Some("t".into());
     let billing = RunningApp::billing(billing_config).await;

@@ -25,7 +25,7 @@ async fn orders_service_publishes_over_tls_with_a_private_ca() {
 
     let names = Names::unique();
     let mut config = names.orders_config();
-    config.common.nats_url = nats.url();
+    config.common.nats_url = nats.url().into();
     config.common.nats_tls_ca_file = nats.security().tls_ca_file;
     let orders = RunningApp::orders(config).await;
     let placed = reqwest::Client::new()

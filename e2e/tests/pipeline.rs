@@ -99,7 +99,7 @@ async fn a_relay_cut_off_from_its_database_lets_its_rows_go() {
         .unwrap();
 
     // Relay A reaches the database through a proxy, and its first publish waits for the test.
-    let options: PgConnectOptions = config.common.database_url.parse().unwrap();
+    let options: PgConnectOptions = config.common.database_url().parse().unwrap();
     let proxy = Proxy::start(options.get_port()).await;
     let pool_a = PgPoolOptions::new()
         .max_connections(2)
@@ -212,7 +212,7 @@ impl<P: Publisher> Publisher for Gate<P> {
 
 /// The orders database of `config`, migrated, with twenty orders placed (totals 1000..=20000).
 async fn twenty_orders(config: &orders_service::Config) -> sqlx::PgPool {
-    let pool = service_kit::infra::connect_db(&config.common.database_url, 5)
+    let pool = service_kit::infra::connect_db(config.common.database_url(), 5)
         .await
         .unwrap();
     orders_service::startup::migrate(&pool).await.unwrap();

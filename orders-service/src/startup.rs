@@ -106,7 +106,7 @@ impl App {
         // one back, nor for one to be made (only after losing one).
         let relay = if config.relay_enabled {
             let relay_pool =
-                infra::connect_db_open(&config.common.database_url, RELAY_CONNECTIONS).await?;
+                infra::connect_db_open(config.common.database_url(), RELAY_CONNECTIONS).await?;
             // The stream is checked for what the broker forgot, and made again if deleted.
             let repair = StreamRepair::new(jetstream.clone(), infra::stream_spec(&config.common));
             Some(
@@ -127,7 +127,7 @@ impl App {
                 pool: pool.clone(),
                 wakeup,
                 health: base.health(),
-                admin: AdminToken::new(config.common.admin_token.clone()),
+                admin: AdminToken::new(config.common.admin_token.as_ref()),
                 gauges: Arc::new(Cached::new(service_kit::metrics::GAUGE_INTERVAL)),
             },
             http::Limits::from(&config.common),

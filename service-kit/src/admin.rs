@@ -19,8 +19,8 @@ pub struct AdminToken(Option<Arc<str>>);
 
 impl AdminToken {
     /// Admin endpoints accept `token`; `None` turns them off.
-    pub fn new(token: Option<String>) -> Self {
-        Self(token.map(Arc::from))
+    pub fn new(token: Option<&secrecy::SecretString>) -> Self {
+        Self(token.map(|token| Arc::from(secrecy::ExposeSecret::expose_secret(token))))
     }
 }
 

@@ -1,10 +1,14 @@
-//! Settings from the environment. A bad value stops start-up with the variable's name.
+//! The settings both services read, from the environment (or the same-named flags): one
+//! definition each, with its default and its meaning, which `--help` prints and
+//! `docs/configuration.md` is generated from. A bad value stops start-up with the variable's
+//! name.
 
-use std::fmt::Display;
-use std::str::FromStr;
 use std::time::Duration;
 
-/// A variable that is set but unusable.
+use clap::builder::TypedValueParser as _;
+use secrecy::{ExposeSecret as _, SecretString};
+
+/// A variable that is set but unusable, or settings that do not fit together.
 #[derive(Debug, thiserror::Error)]
 #[error("invalid value for {name}: {reason}")]
 pub struct ConfigError {
@@ -12,59 +16,6 @@ pub struct ConfigError {
     pub name: &'static str,
     /// What is wrong with it.
     pub reason: String,
-}
-
-/// The variable's value, or `default` when it is unset or empty.
-pub fn string(name: &'static str, default: &str) -> String {
-    optional(name).unwrap_or_else(|| default.to_owned())
-}
-
-/// The variable's value, `None` when unset or empty.
-pub fn optional(name: &'static str) -> Option<String> {
-    std::env::var(name).ok().filter(|v| !v.is_empty())
-}
-
-/// The variable parsed as `T`, or `default` when unset.
-pub fn parse<T>(name: &'static str, default: T) -> Result<T, ConfigError>
-where
-    T: FromStr,
-    T::Err: Display,
-{
-    parse_value(name, optional(name), default)
-}
-
-/// `raw` (the value of variable `name`) parsed as `T`, or `default` when absent.
-fn parse_value<T>(name: &'static str, raw: Option<String>, default: T) -> Result<T, ConfigError>
-where
-    T: FromStr,
-    T::Err: Display,
-{
-    match raw {
-        None => Ok(default),
-        Some(raw) => raw.parse().map_err(|e: T::Err| ConfigError {
-            name,
-            reason: format!("{raw:?}: {e}"),
-        }),
-    }
-}
-
-/// The variable as a whole number of milliseconds, or `default`.
-pub fn millis(name: &'static str, default: Duration) -> Result<Duration, ConfigError> {
-    let default_ms = u64::try_from(default.as_millis()).unwrap_or(u64::MAX);
-    parse(name, default_ms).map(Duration::from_millis)
-}
-
-/// A NATS subject token or stream name: no `.`, `*`, `>` or whitespace.
-pub fn nats_name(name: &'static str, default: &str) -> Result<String, ConfigError> {
-    let value = string(name, default);
-    if jetstream_outbox::event::is_valid_token(&value) {
-        Ok(value)
-    } else {
-        Err(ConfigError {
-            name,
-            reason: format!("{value:?}: use 1-128 ASCII letters, digits, '-', '_', ':' or '@'"),
-        })
-    }
 }
 
 /// Fails with the variable's name unless `check` holds.
@@ -79,78 +30,221 @@ pub fn ensure(name: &'static str, check: bool, reason: &str) -> Result<(), Confi
     }
 }
 
-/// The settings both services read, with the service's own defaults.
-#[derive(Clone)]
-pub struct Common {
-    /// `DATABASE_URL`: the service's database; created at start-up if missing.
-    pub database_url: String,
-    /// `DATABASE_MAX_CONNECTIONS`: pool size, shared by request handlers and the background
-    /// tasks beside them (orders' relay has a pool of its own besides).
-    pub database_max_connections: u32,
-    /// `DATABASE_MIGRATE`: apply migrations at start-up (`true`), or only check they were
-    /// applied (`false`, for a role that may not change the schema).
-    pub database_migrate: bool,
-    /// `NATS_URL`.
-    pub nats_url: String,
-    /// `NATS_CREDS_FILE`: a credentials file (JWT + NKey seed) to authenticate with.
-    pub nats_creds_file: Option<String>,
-    /// `NATS_TLS_CA_FILE`: PEM certificates to trust for the server's TLS certificate, besides
-    /// the system's; setting it requires TLS.
-    pub nats_tls_ca_file: Option<String>,
-    /// `LISTEN_ADDR`: where the HTTP API listens (`127.0.0.1:0` picks a free port).
-    pub listen_addr: String,
-    /// `NATS_STREAM`: the JetStream stream of order events.
-    pub stream: String,
-    /// `NATS_SUBJECT_PREFIX`: the stream captures `{prefix}.>`.
-    pub subject_prefix: String,
-    /// `NATS_DUPLICATE_WINDOW_MS`: the stream's deduplication window.
-    pub duplicate_window: Duration,
-    /// `NATS_STREAM_REPLICAS`: stream replicas in a cluster.
-    pub stream_replicas: usize,
-    /// `NATS_STREAM_MAX_AGE_MS`: the stream removes messages stored longer ago (0: never);
-    /// defaults to billing's inbox retention, seven days.
-    pub stream_max_age: Duration,
-    /// `NATS_STREAM_MAX_BYTES`: the stream removes its oldest messages beyond this size
-    /// (unset: no limit).
-    pub stream_max_bytes: Option<u64>,
-    /// `ADMIN_TOKEN`: bearer token of the admin endpoints; unset disables them.
-    pub admin_token: Option<String>,
-    /// `LOG_FORMAT`: `json` or `pretty`.
-    pub log_format: String,
-    /// `OTEL_EXPORTER_OTLP_ENDPOINT` and friends: where spans are exported; unset exports none.
-    pub otlp: Option<Otlp>,
-    /// `HTTP_TIMEOUT_MS`: a request still running after this long is answered 503.
-    pub http_timeout: Duration,
-    /// `HTTP_MAX_CONCURRENCY`: requests handled at once; more are shed with 503 at once.
-    pub http_max_concurrency: usize,
+/// A whole number of milliseconds, as the `*_MS` variables are given.
+pub fn millis() -> impl clap::builder::TypedValueParser<Value = Duration> {
+    clap::value_parser!(u64).map(Duration::from_millis)
 }
 
-/// Secrets stay out of debug output: URL passwords and the admin token are redacted.
-impl std::fmt::Debug for Common {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Common")
-            .field("database_url", &redact_url(&self.database_url))
-            .field("database_max_connections", &self.database_max_connections)
-            .field("database_migrate", &self.database_migrate)
-            .field("nats_url", &redact_url(&self.nats_url))
-            .field("nats_creds_file", &self.nats_creds_file)
-            .field("nats_tls_ca_file", &self.nats_tls_ca_file)
-            .field("listen_addr", &self.listen_addr)
-            .field("stream", &self.stream)
-            .field("subject_prefix", &self.subject_prefix)
-            .field("duplicate_window", &self.duplicate_window)
-            .field("stream_replicas", &self.stream_replicas)
-            .field("stream_max_age", &self.stream_max_age)
-            .field("stream_max_bytes", &self.stream_max_bytes)
-            .field(
-                "admin_token",
-                &self.admin_token.as_ref().map(|_| "<redacted>"),
-            )
-            .field("log_format", &self.log_format)
-            .field("otlp", &self.otlp)
-            .field("http_timeout", &self.http_timeout)
-            .field("http_max_concurrency", &self.http_max_concurrency)
-            .finish()
+/// A NATS subject token or stream name: 1-128 of `[A-Za-z0-9_:@-]`, so no `.`, `*`, `>` or
+/// whitespace.
+pub fn nats_name(value: &str) -> Result<String, String> {
+    if jetstream_outbox::event::is_valid_token(value) {
+        Ok(value.to_owned())
+    } else {
+        Err("use 1-128 ASCII letters, digits, '-', '_', ':' or '@'".to_owned())
+    }
+}
+
+/// A secret: kept out of debug output and of `--help`.
+fn secret() -> impl clap::builder::TypedValueParser<Value = SecretString> {
+    clap::builder::StringValueParser::new().map(SecretString::from)
+}
+
+/// How log lines are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines, for a terminal.
+    Pretty,
+    /// One JSON object per line, for a log collector.
+    Json,
+}
+
+/// The settings both services read; each service sets its own defaults of `DATABASE_URL` and
+/// `LISTEN_ADDR` (see [`with_defaults`]).
+#[derive(Debug, Clone, clap::Args)]
+#[command(next_help_heading = "Database")]
+pub struct Common {
+    /// The service's database; created if missing, migrated at start-up.
+    #[arg(long, env = "DATABASE_URL", value_parser = secret(), hide_env_values = true)]
+    pub database_url: SecretString,
+    /// Pool size, shared by request handlers and the work beside them (orders-service's relay
+    /// has four connections of its own besides). Keep it above the requests served at once
+    /// plus the consumer's concurrency, and mind PostgreSQL's max_connections across
+    /// instances.
+    #[arg(long, env = "DATABASE_MAX_CONNECTIONS", default_value_t = 20,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub database_max_connections: u32,
+    /// Apply the migrations at start-up; false only checks they were applied, and stops
+    /// start-up if not (for a role that may not change the schema).
+    #[arg(long, env = "DATABASE_MIGRATE", default_value_t = true,
+          action = clap::ArgAction::Set)]
+    pub database_migrate: bool,
+
+    /// NATS server(s), comma-separated for a cluster; nats://user:password@host or
+    /// nats://token@host authenticates, tls:// requires TLS.
+    #[arg(long, env = "NATS_URL", default_value = "nats://127.0.0.1:4222",
+          value_parser = secret(), hide_env_values = true, help_heading = "NATS")]
+    pub nats_url: SecretString,
+    /// A NATS credentials file (JWT and NKey seed) to authenticate with.
+    #[arg(long, env = "NATS_CREDS_FILE", help_heading = "NATS")]
+    pub nats_creds_file: Option<String>,
+    /// PEM certificates to trust for the server's TLS certificate (a private CA), besides the
+    /// system's; setting it requires TLS.
+    #[arg(long, env = "NATS_TLS_CA_FILE", help_heading = "NATS")]
+    pub nats_tls_ca_file: Option<String>,
+    /// The JetStream stream of order events; created or updated by orders-service at start-up.
+    #[arg(long = "nats-stream", env = "NATS_STREAM", default_value = "ORDERS",
+          value_parser = nats_name, help_heading = "NATS")]
+    pub stream: String,
+    /// The stream captures {prefix}.>, and events go to {prefix}.{eventType}.{aggregateId}.
+    #[arg(long = "nats-subject-prefix", env = "NATS_SUBJECT_PREFIX", default_value = "orders",
+          value_parser = nats_name, help_heading = "NATS")]
+    pub subject_prefix: String,
+    /// The stream's deduplication window, in milliseconds: a copy of a message inside it is
+    /// dropped by the broker.
+    #[arg(long = "nats-duplicate-window-ms", env = "NATS_DUPLICATE_WINDOW_MS",
+          default_value = "120000", value_parser = millis(), help_heading = "NATS")]
+    pub duplicate_window: Duration,
+    /// Stream replicas in a cluster (1 to 5).
+    #[arg(long = "nats-stream-replicas", env = "NATS_STREAM_REPLICAS", default_value_t = 1,
+          value_parser = clap::value_parser!(u8).range(1..=5).map(usize::from),
+          help_heading = "NATS")]
+    pub stream_replicas: usize,
+    /// The stream removes messages stored longer ago than this many milliseconds (0: never);
+    /// keep it at least billing's INBOX_RETENTION_MS.
+    #[arg(long = "nats-stream-max-age-ms", env = "NATS_STREAM_MAX_AGE_MS",
+          default_value = "604800000", value_parser = millis(), help_heading = "NATS")]
+    pub stream_max_age: Duration,
+    /// The stream removes its oldest messages beyond this many bytes (unset: no limit).
+    #[arg(
+        long = "nats-stream-max-bytes",
+        env = "NATS_STREAM_MAX_BYTES",
+        help_heading = "NATS"
+    )]
+    pub stream_max_bytes: Option<u64>,
+
+    /// Where the HTTP API listens (port 0 picks a free port).
+    #[arg(long, env = "LISTEN_ADDR", help_heading = "HTTP")]
+    pub listen_addr: String,
+    /// Bearer token of the admin endpoints and the console's actions (unset: they answer 403).
+    #[arg(long, env = "ADMIN_TOKEN", value_parser = secret(), hide_env_values = true,
+          help_heading = "HTTP")]
+    pub admin_token: Option<SecretString>,
+    /// A request still running after this many milliseconds is answered 503.
+    #[arg(long = "http-timeout-ms", env = "HTTP_TIMEOUT_MS", default_value = "10000",
+          value_parser = millis(), help_heading = "HTTP")]
+    pub http_timeout: Duration,
+    /// Requests handled at once; further ones are answered 503 at once instead of queueing.
+    #[arg(long, env = "HTTP_MAX_CONCURRENCY", default_value_t = 1024,
+          value_parser = clap::value_parser!(u32).range(1..).map(|n| n as usize),
+          help_heading = "HTTP")]
+    pub http_max_concurrency: usize,
+
+    /// Log lines as human-readable text or JSON; RUST_LOG filters them (default info).
+    #[arg(long, env = "LOG_FORMAT", value_enum, default_value_t = LogFormat::Pretty,
+          help_heading = "Telemetry")]
+    pub log_format: LogFormat,
+    /// Base http:// URL of an OTLP/HTTP receiver (e.g. http://collector:4318); spans go to
+    /// {url}/v1/traces. Unset: no export (the traceparent still travels).
+    #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT", help_heading = "Telemetry")]
+    pub otel_exporter_otlp_endpoint: Option<String>,
+    /// The traces URL itself, used as given; wins over OTEL_EXPORTER_OTLP_ENDPOINT.
+    #[arg(
+        long,
+        env = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+        help_heading = "Telemetry"
+    )]
+    pub otel_exporter_otlp_traces_endpoint: Option<String>,
+    /// http/protobuf or http/json (gRPC is not built in; for TLS, export to a local
+    /// OpenTelemetry Collector that forwards).
+    #[arg(long, env = "OTEL_EXPORTER_OTLP_PROTOCOL", default_value = "http/protobuf",
+          value_parser = ["http/protobuf", "http/json"], help_heading = "Telemetry")]
+    pub otel_exporter_otlp_protocol: String,
+    /// service.name of the exported spans (default: the service's own name).
+    #[arg(long, env = "OTEL_SERVICE_NAME", help_heading = "Telemetry")]
+    pub otel_service_name: Option<String>,
+}
+
+/// `command` with the service's own defaults of `DATABASE_URL` and `LISTEN_ADDR`.
+pub fn with_defaults(
+    command: clap::Command,
+    database_url: &'static str,
+    listen_addr: &'static str,
+) -> clap::Command {
+    command
+        .mut_arg("database_url", |arg| {
+            arg.default_value(database_url).required(false)
+        })
+        .mut_arg("listen_addr", |arg| {
+            arg.default_value(listen_addr).required(false)
+        })
+}
+
+impl Common {
+    /// The settings with every optional one set to an empty value taken as unset, as a
+    /// compose file's `VAR: ${VAR:-}` sets it (clap takes an empty variable as a value).
+    #[must_use]
+    pub fn without_empty(mut self) -> Self {
+        let empty = |value: &Option<String>| value.as_deref().is_some_and(str::is_empty);
+        for value in [
+            &mut self.nats_creds_file,
+            &mut self.nats_tls_ca_file,
+            &mut self.otel_exporter_otlp_endpoint,
+            &mut self.otel_exporter_otlp_traces_endpoint,
+            &mut self.otel_service_name,
+        ] {
+            if empty(value) {
+                *value = None;
+            }
+        }
+        if self
+            .admin_token
+            .as_ref()
+            .is_some_and(|token| token.expose_secret().is_empty())
+        {
+            self.admin_token = None;
+        }
+        self
+    }
+
+    /// Checks what one variable's parser cannot: the settings together.
+    pub fn check(&self) -> Result<(), ConfigError> {
+        ensure(
+            "HTTP_TIMEOUT_MS",
+            !self.http_timeout.is_zero(),
+            "must be positive",
+        )?;
+        ensure(
+            "NATS_DUPLICATE_WINDOW_MS",
+            !self.duplicate_window.is_zero(),
+            "must be positive",
+        )?;
+        ensure(
+            "NATS_STREAM_MAX_AGE_MS",
+            self.stream_max_age.is_zero() || self.stream_max_age >= self.duplicate_window,
+            "must be 0 (no limit) or at least NATS_DUPLICATE_WINDOW_MS (JetStream's rule)",
+        )?;
+        self.otlp().map(drop)
+    }
+
+    /// The database URL (a secret: for connecting, not for logs).
+    pub fn database_url(&self) -> &str {
+        self.database_url.expose_secret()
+    }
+
+    /// The NATS URL(s) (a secret: they may hold a password).
+    pub fn nats_url(&self) -> &str {
+        self.nats_url.expose_secret()
+    }
+
+    /// Span export, when an endpoint is set.
+    pub fn otlp(&self) -> Result<Option<Otlp>, ConfigError> {
+        Otlp::from_values(
+            self.otel_exporter_otlp_traces_endpoint.clone(),
+            self.otel_exporter_otlp_endpoint.clone(),
+            Some(self.otel_exporter_otlp_protocol.as_str()),
+            self.otel_service_name.clone(),
+        )
     }
 }
 
@@ -167,71 +261,6 @@ pub fn redact_url(url: &str) -> String {
     format!("{scheme}://{user}:<redacted>@{}", &rest[at + 1..])
 }
 
-impl Common {
-    /// Reads the shared settings; `database` and `listen_addr` are the service's defaults.
-    pub fn from_env(database: &str, listen_addr: &str) -> Result<Self, ConfigError> {
-        let common = Self {
-            database_url: string("DATABASE_URL", database),
-            database_max_connections: parse("DATABASE_MAX_CONNECTIONS", 20)?,
-            database_migrate: parse("DATABASE_MIGRATE", true)?,
-            nats_url: string("NATS_URL", "nats://127.0.0.1:4222"),
-            nats_creds_file: optional("NATS_CREDS_FILE"),
-            nats_tls_ca_file: optional("NATS_TLS_CA_FILE"),
-            listen_addr: string("LISTEN_ADDR", listen_addr),
-            stream: nats_name("NATS_STREAM", "ORDERS")?,
-            subject_prefix: nats_name("NATS_SUBJECT_PREFIX", "orders")?,
-            duplicate_window: millis("NATS_DUPLICATE_WINDOW_MS", Duration::from_secs(120))?,
-            stream_replicas: parse("NATS_STREAM_REPLICAS", 1)?,
-            stream_max_age: millis("NATS_STREAM_MAX_AGE_MS", Duration::from_secs(7 * 24 * 3600))?,
-            stream_max_bytes: optional("NATS_STREAM_MAX_BYTES")
-                .map(|raw| {
-                    raw.parse()
-                        .map_err(|e: std::num::ParseIntError| ConfigError {
-                            name: "NATS_STREAM_MAX_BYTES",
-                            reason: format!("{raw:?}: {e}"),
-                        })
-                })
-                .transpose()?,
-            admin_token: optional("ADMIN_TOKEN"),
-            log_format: string("LOG_FORMAT", "pretty"),
-            otlp: Otlp::from_env()?,
-            http_timeout: millis("HTTP_TIMEOUT_MS", Duration::from_secs(10))?,
-            http_max_concurrency: parse("HTTP_MAX_CONCURRENCY", 1024)?,
-        };
-        ensure(
-            "HTTP_TIMEOUT_MS",
-            !common.http_timeout.is_zero(),
-            "must be positive",
-        )?;
-        ensure(
-            "HTTP_MAX_CONCURRENCY",
-            common.http_max_concurrency > 0,
-            "must be at least 1",
-        )?;
-        ensure(
-            "DATABASE_MAX_CONNECTIONS",
-            common.database_max_connections > 0,
-            "must be at least 1",
-        )?;
-        ensure(
-            "NATS_STREAM_REPLICAS",
-            (1..=5).contains(&common.stream_replicas),
-            "must be 1 to 5",
-        )?;
-        ensure(
-            "NATS_DUPLICATE_WINDOW_MS",
-            !common.duplicate_window.is_zero(),
-            "must be positive",
-        )?;
-        ensure(
-            "NATS_STREAM_MAX_AGE_MS",
-            common.stream_max_age.is_zero() || common.stream_max_age >= common.duplicate_window,
-            "must be 0 (no limit) or at least NATS_DUPLICATE_WINDOW_MS (JetStream's rule)",
-        )?;
-        Ok(common)
-    }
-}
-
 /// OTLP/HTTP span export, configured by the standard OpenTelemetry variables.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Otlp {
@@ -245,16 +274,6 @@ pub struct Otlp {
 }
 
 impl Otlp {
-    /// Reads the exporter's variables; `None` when no endpoint is set.
-    fn from_env() -> Result<Option<Self>, ConfigError> {
-        Self::from_values(
-            optional("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"),
-            optional("OTEL_EXPORTER_OTLP_ENDPOINT"),
-            optional("OTEL_EXPORTER_OTLP_PROTOCOL").as_deref(),
-            optional("OTEL_SERVICE_NAME"),
-        )
-    }
-
     /// The settings from the variables' values, checked.
     fn from_values(
         traces_endpoint: Option<String>,
@@ -306,10 +325,43 @@ impl Otlp {
 
 #[cfg(test)]
 mod tests {
+    use clap::{CommandFactory as _, FromArgMatches as _};
+
     use super::*;
 
+    /// The shared settings alone, as a service's command holds them.
+    #[derive(Debug, clap::Parser)]
+    struct Only {
+        #[command(flatten)]
+        common: Common,
+    }
+
+    fn parse(args: &[&str]) -> Result<Common, clap::Error> {
+        let command = with_defaults(Only::command(), "postgres://db/x", "127.0.0.1:0");
+        let matches =
+            command.try_get_matches_from(std::iter::once("test").chain(args.iter().copied()))?;
+        Only::from_arg_matches(&matches).map(|only| only.common)
+    }
+
     #[test]
-    fn secrets_are_redacted() {
+    fn secrets_stay_out_of_debug_output() {
+        let common = parse(&[
+            "--database-url",
+            "postgres://u:hunter2@h/db",
+            "--admin-token",
+            "t0ken",
+        ])
+        .unwrap();
+        let debug = format!("{common:?}");
+        assert!(
+            !debug.contains("hunter2") && !debug.contains("t0ken"),
+            "{debug}"
+        );
+        assert_eq!(common.database_url(), "postgres://u:hunter2@h/db");
+    }
+
+    #[test]
+    fn urls_are_redacted_for_logs() {
         assert_eq!(
             redact_url("postgres://app:hunter2@db:5432/orders"),
             "postgres://app:<redacted>@db:5432/orders"
@@ -322,37 +374,36 @@ mod tests {
             redact_url("postgres://db/x?user=a"),
             "postgres://db/x?user=a"
         );
-        let mut common = Common::from_env("postgres://u:hunter2@h/db", "127.0.0.1:0").unwrap();
-        common.admin_token = Some("t0ken".into());
-        common.database_url = "postgres://u:hunter2@h/db".into();
-        let debug = format!("{common:?}");
-        assert!(
-            !debug.contains("hunter2") && !debug.contains("t0ken"),
-            "{debug}"
-        );
     }
 
     #[test]
-    fn parse_error_names_the_variable() {
-        let err = parse_value::<u32>("RELAY_BATCH_SIZE", Some("twelve".into()), 1).unwrap_err();
-        assert_eq!(err.name, "RELAY_BATCH_SIZE");
-        assert!(
-            err.to_string()
-                .starts_with("invalid value for RELAY_BATCH_SIZE"),
-            "{err}"
-        );
+    fn an_empty_optional_setting_is_unset() {
+        let common = parse(&["--admin-token", "", "--otel-exporter-otlp-endpoint", ""])
+            .unwrap()
+            .without_empty();
+        assert!(common.admin_token.is_none());
+        assert_eq!(common.otlp().unwrap(), None);
     }
 
     #[test]
-    fn absent_means_default_and_present_is_parsed() {
-        assert_eq!(parse_value("X", None, 7_u32).unwrap(), 7);
-        assert_eq!(parse_value("X", Some("42".into()), 7_u32).unwrap(), 42);
-        assert_eq!(
-            millis("SERVICE_KIT_TEST_UNSET", Duration::from_secs(2))
-                .unwrap()
-                .as_secs(),
-            2
+    fn a_bad_value_is_refused_naming_its_variable() {
+        let error = parse(&["--http-max-concurrency", "0"]).unwrap_err();
+        assert!(
+            error.to_string().contains("HTTP_MAX_CONCURRENCY"),
+            "{error}"
         );
+        let error = parse(&["--nats-stream", "a.b"]).unwrap_err();
+        assert!(error.to_string().contains("NATS_STREAM"), "{error}");
+    }
+
+    #[test]
+    fn the_defaults_are_the_services_own() {
+        let common = parse(&[]).unwrap();
+        assert_eq!(common.database_url(), "postgres://db/x");
+        assert_eq!(common.listen_addr, "127.0.0.1:0");
+        assert_eq!(common.duplicate_window, Duration::from_secs(120));
+        assert_eq!(common.log_format, LogFormat::Pretty);
+        common.check().unwrap();
     }
 
     #[test]
@@ -385,7 +436,5 @@ mod tests {
         assert_eq!(tls.name, "OTEL_EXPORTER_OTLP_ENDPOINT");
         let no_host = otlp(Some("http:///v1/traces"), None, None).unwrap_err();
         assert_eq!(no_host.name, "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT");
-        let grpc = otlp(None, Some("http://c:4317"), Some("grpc")).unwrap_err();
-        assert_eq!(grpc.name, "OTEL_EXPORTER_OTLP_PROTOCOL");
     }
 }

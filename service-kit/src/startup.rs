@@ -31,10 +31,11 @@ impl Base {
         service: &str,
         migrations: Vec<(&'static str, Migrator)>,
     ) -> anyhow::Result<Self> {
-        let pool = infra::connect_db(&common.database_url, common.database_max_connections).await?;
+        let pool =
+            infra::connect_db(common.database_url(), common.database_max_connections).await?;
         infra::prepare_schema(&pool, common.database_migrate, migrations).await?;
         let nats = infra::connect_nats_with(
-            &common.nats_url,
+            common.nats_url(),
             service,
             &infra::NatsSecurity::from(common),
         )

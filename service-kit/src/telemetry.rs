@@ -13,7 +13,7 @@ use tracing_subscriber::{
     EnvFilter, Layer, filter::Targets, layer::SubscriberExt, util::SubscriberInitExt,
 };
 
-use crate::config::Otlp;
+use crate::config::{LogFormat, Otlp};
 
 /// Keeps span export running; dropping it sends what is still buffered.
 #[derive(Debug)]
@@ -34,10 +34,10 @@ impl Drop for Telemetry {
 
 /// Installs the global subscriber (a second call, as in tests, keeps the first) and, with
 /// `otlp`, the span exporter; `service` names the spans' source unless `OTEL_SERVICE_NAME` does.
-pub fn init(format: &str, otlp: Option<&Otlp>, service: &str) -> anyhow::Result<Telemetry> {
+pub fn init(format: LogFormat, otlp: Option<&Otlp>, service: &str) -> anyhow::Result<Telemetry> {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let fmt = tracing_subscriber::fmt::layer();
-    let fmt = if format.eq_ignore_ascii_case("json") {
+    let fmt = if format == LogFormat::Json {
         fmt.json()
             .flatten_event(true)
             .with_current_span(true)

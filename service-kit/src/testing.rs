@@ -100,8 +100,8 @@ impl Running {
 /// Points a service's settings at database `database` and stream `stream` (subject prefix: the
 /// stream's name in lower case) on the test servers, listening on a free port.
 pub fn point_at(common: &mut crate::config::Common, database: &str, stream: &str) {
-    common.database_url = database_url(database);
-    common.nats_url = nats_url();
+    common.database_url = database_url(database).into();
+    common.nats_url = nats_url().into();
     common.listen_addr = "127.0.0.1:0".into();
     stream.clone_into(&mut common.stream);
     common.subject_prefix = stream.to_lowercase();

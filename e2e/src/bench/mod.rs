@@ -66,7 +66,7 @@ pub struct Options {
 }
 
 impl Options {
-    /// The full benchmark, as the README's figures are measured.
+    /// The full benchmark, as BENCHMARKS.md's figures are measured.
     pub fn full(out: PathBuf) -> Self {
         Self {
             raw_messages: 200_000,

@@ -349,8 +349,8 @@ pub fn markdown(runs: &[Results]) -> String {
         "# Benchmark figures\n\n\
          Written by the benchmark from the `results.json` of its runs, kept in `docs/bench/` \
          (`cargo run --release -p e2e --bin bench -- --markdown BENCHMARKS.md \
-         docs/bench/*.json`), not by hand; a test checks that it is. What each phase measures, its reference and its \
-         bar: the README's Benchmark section; where the time goes: \
+         docs/bench/*.json`), not by hand; a test checks that it is. What each phase measures, its \
+         reference and its bar, and where the time goes: \
          [docs/performance.md](docs/performance.md). Compare ratios across machines, not \
          rates.\n\n| run | started (UTC) | PostgreSQL over TLS | sizes |\n| --- | --- | --- | --- |\n",
     );
