@@ -660,6 +660,32 @@ mod tests {
         headers
     }
 
+    /// The contract's body (`service_kit::events::OrderEvent`, what orders-service publishes
+    /// and `/asyncapi.json` describes) is what billing reads: each event type it consumes
+    /// becomes its change.
+    #[test]
+    fn the_contracts_events_are_understood() {
+        let event = service_kit::events::OrderEvent {
+            order_id: "o-1".into(),
+            customer: "ada".into(),
+            total_minor: 1999,
+            status: service_kit::events::EventStatus::Placed,
+        };
+        let body = serde_json::to_vec(&event).unwrap();
+        assert_eq!(
+            parse(&headers("OrderPlaced"), &body).unwrap(),
+            Some(Change::Open {
+                order_id: "o-1".into(),
+                total_minor: 1999
+            })
+        );
+        assert!(matches!(
+            parse(&headers("OrderPaid"), &body).unwrap(),
+            Some(Change::Pay { .. })
+        ));
+        assert_eq!(parse(&headers("OrderShipped"), &body).unwrap(), None);
+    }
+
     proptest::proptest! {
         /// Whatever the bytes, parsing answers (a change, "ignore" or a reason) without panicking.
         #[test]

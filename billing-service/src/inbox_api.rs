@@ -107,6 +107,26 @@ async fn stats(State(state): State<AppState>) -> Result<Json<InboxStats>, ApiErr
     Ok(Json(state.rules.inbox().stats().await?))
 }
 
+/// Gives this service's own metrics their help text (`# HELP`); once the recorder is
+/// installed, before anything records them.
+pub fn describe_metrics() {
+    metrics::describe_gauge!(
+        "inbox_dead_letters_open",
+        "Dead letters waiting for an operator (counted up to 10,000)."
+    );
+    metrics::describe_counter!(
+        "billing_consumer_recreated_total",
+        metrics::Unit::Count,
+        "Times the durable consumer was made again: gone, or its stream lost what it \
+         delivered."
+    );
+    metrics::describe_histogram!(
+        "billing_message_handling_seconds",
+        metrics::Unit::Seconds,
+        "One message from its receipt to its acknowledgement."
+    );
+}
+
 /// Prometheus metrics: HTTP per route, inbox counters, handling latency, open dead letters.
 #[utoipa::path(get, path = "/metrics", tag = "operations", responses(
     (status = 200, description = "Prometheus text format", body = String, content_type = "text/plain"),

@@ -41,7 +41,8 @@ pub struct AppState {
 #[derive(OpenApi)]
 #[openapi(modifiers(&AdminSecurity), info(
     title = "billing-service",
-    description = "Invoices made from order events, exactly one per order."
+    description = "Invoices made from order events, exactly one per order. The events it \
+                   consumes: [/asyncapi.json](/asyncapi.json) (AsyncAPI 3)."
 ))]
 struct ApiDoc;
 
@@ -58,9 +59,9 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
     http::openapi(api())
 }
 
-/// The whole HTTP API.
-pub fn router(state: AppState, limits: http::Limits) -> Router {
-    http::finish(api().with_state(state), limits)
+/// The whole HTTP API, for events published under `prefix`.
+pub fn router(state: AppState, limits: http::Limits, prefix: &str) -> Router {
+    http::finish(api().with_state(state), limits, prefix)
 }
 
 /// The migrations of this service's database: the `jetstream-outbox` inbox tables and its own.
@@ -89,6 +90,8 @@ impl App {
     /// Connects (creating the database if missing), migrates, sets up the stream, binds, and
     /// creates or updates the durable consumer.
     pub async fn build(config: Config) -> anyhow::Result<Self> {
+        service_kit::metrics::handle();
+        inbox_api::describe_metrics();
         crate::failpoints::warn_if_armed();
         let common = &config.common;
         let base = Base::build(common, "billing-service", migrations()).await?;
@@ -130,6 +133,7 @@ impl App {
                 gauges: Arc::new(Cached::new(service_kit::metrics::GAUGE_INTERVAL)),
             },
             http::Limits::from(common),
+            &common.subject_prefix,
         );
         Ok(Self {
             base,

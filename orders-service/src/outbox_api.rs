@@ -117,14 +117,36 @@ async fn stats(State(state): State<AppState>) -> Result<Json<OutboxStats>, ApiEr
     Ok(Json(outbox::stats(&state.pool).await?))
 }
 
+/// Gives this service's own metrics their help text (`# HELP`); once the recorder is
+/// installed, before anything records them.
+pub fn describe_metrics() {
+    metrics::describe_gauge!(
+        "outbox_pending_events",
+        "Events not yet published (counted up to 10,000)."
+    );
+    metrics::describe_gauge!(
+        "outbox_dead_events",
+        "Dead events waiting for an operator (counted up to 10,000)."
+    );
+    metrics::describe_gauge!(
+        "outbox_parked_aggregates",
+        "Aggregates held back by a dead event (counted up to 10,000)."
+    );
+    metrics::describe_gauge!(
+        "outbox_oldest_pending_seconds",
+        metrics::Unit::Seconds,
+        "Age of the oldest event not yet published, 0 when none is."
+    );
+}
+
 /// Prometheus metrics: HTTP per route, relay counters and latency, and outbox gauges.
 #[utoipa::path(get, path = "/metrics", tag = "operations", responses(
     (status = 200, description = "Prometheus text format", body = String, content_type = "text/plain"),
 ))]
 async fn metrics(State(state): State<AppState>) -> Result<String, ApiError> {
     let current = state.gauges.get(outbox::stats(&state.pool)).await?;
-    metrics::gauge!("outbox_pending").set(current.pending as f64);
-    metrics::gauge!("outbox_dead").set(current.dead as f64);
+    metrics::gauge!("outbox_pending_events").set(current.pending as f64);
+    metrics::gauge!("outbox_dead_events").set(current.dead as f64);
     metrics::gauge!("outbox_parked_aggregates").set(current.parked as f64);
     metrics::gauge!("outbox_oldest_pending_seconds").set(current.oldest_pending_seconds);
     Ok(service_kit::metrics::render())

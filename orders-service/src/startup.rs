@@ -43,7 +43,8 @@ pub struct AppState {
 #[derive(OpenApi)]
 #[openapi(modifiers(&AdminSecurity), info(
     title = "orders-service",
-    description = "Orders whose events are published through a transactional outbox."
+    description = "Orders whose events are published through a transactional outbox. The events \
+                   on NATS: [/asyncapi.json](/asyncapi.json) (AsyncAPI 3)."
 ))]
 struct ApiDoc;
 
@@ -60,9 +61,9 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
     http::openapi(api())
 }
 
-/// The whole HTTP API.
-pub fn router(state: AppState, limits: http::Limits) -> Router {
-    http::finish(api().with_state(state), limits)
+/// The whole HTTP API, for events published under `prefix`.
+pub fn router(state: AppState, limits: http::Limits, prefix: &str) -> Router {
+    http::finish(api().with_state(state), limits, prefix)
 }
 
 /// The migrations of this service's database: the `jetstream-outbox` outbox tables and its own.
@@ -90,6 +91,8 @@ pub struct App {
 impl App {
     /// Connects (creating the database if missing), migrates, sets up the stream and binds.
     pub async fn build(config: Config) -> anyhow::Result<Self> {
+        service_kit::metrics::handle();
+        outbox_api::describe_metrics();
         let base = Base::build(&config.common, "orders-service", migrations()).await?;
         let pool = base.pool.clone();
         let jetstream = ContextBuilder::new()
@@ -131,6 +134,7 @@ impl App {
                 gauges: Arc::new(Cached::new(service_kit::metrics::GAUGE_INTERVAL)),
             },
             http::Limits::from(&config.common),
+            &config.common.subject_prefix,
         );
         Ok(Self {
             base,

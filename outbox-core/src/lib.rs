@@ -24,6 +24,9 @@
 //!   their retention, emptying partitions whole;
 //! - [`backoff`]: exponential backoff with jitter for failed publishes;
 //! - [`migrate`]: the tables this crate needs, as sqlx migrators;
+//! - [`metrics`]: the metrics it records, and their descriptions;
+//! - [`repair`]: checking the stream for what the broker acknowledged and lost, and publishing
+//!   it again;
 //! - [`wakeup`]: waking relays after a commit, at no cost to the committing transaction;
 //! - `testing` (feature `testing`): a publisher that injects broker faults, for tests of code
 //!   built on this crate.
@@ -32,10 +35,7 @@
 //! caller.
 //!
 //! Metrics go through the [`metrics`](https://docs.rs/metrics) facade, so the application picks
-//! the exporter: `outbox_published_total`, `outbox_publish_failures_total`, `outbox_dead_total`,
-//! `outbox_commit_to_ack_seconds` (histogram), `outbox_relay_batch_size` (histogram),
-//! `inbox_processed_total`, `inbox_duplicates_total`, `inbox_id_reused_total`,
-//! `inbox_dead_letters_total`.
+//! the exporter; [`metrics::describe`] lists them with their help text.
 
 pub mod backoff;
 pub mod cleanup;
@@ -43,6 +43,7 @@ pub mod error;
 pub mod event;
 pub mod headers;
 pub mod inbox;
+pub mod metrics;
 pub mod migrate;
 pub mod outbox;
 pub mod publisher;

@@ -115,12 +115,18 @@ fn with_common_responses(mut api: OpenApi) -> OpenApi {
     api
 }
 
-/// Adds `/openapi.json`, `/docs`, the problem+json fallbacks and the middleware stack.
-pub fn finish(router: OpenApiRouter, limits: Limits) -> Router {
+/// Adds `/openapi.json`, `/asyncapi.json` (the events, published under `prefix`), `/docs`, the
+/// problem+json fallbacks and the middleware stack.
+pub fn finish(router: OpenApiRouter, limits: Limits, prefix: &str) -> Router {
     crate::metrics::handle();
     let (router, api) = router.split_for_parts();
+    let events = crate::events::asyncapi(prefix);
     let api = with_common_responses(api);
     router
+        .route(
+            "/asyncapi.json",
+            axum::routing::get(move || std::future::ready(axum::Json(events))),
+        )
         .merge(SwaggerUi::new("/docs").url("/openapi.json", api))
         .fallback(problem::not_found)
         .method_not_allowed_fallback(problem::method_not_allowed)

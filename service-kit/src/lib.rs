@@ -3,10 +3,11 @@
 //! - [`admin`]: the bearer-token guard of admin endpoints;
 //! - [`config`]: reading settings from the environment, failing with the variable's name;
 //! - [`dead`]: filters and bulk outcomes of the dead-letter admin endpoints;
+//! - [`events`]: the order events on NATS, their body and their AsyncAPI document;
 //! - [`telemetry`]: `tracing` subscriber set-up, JSON or pretty;
 //! - [`problem`]: [`ApiError`] and the extractors that turn rejections into problem+json;
 //! - [`http`]: the middleware stack (request id, trace span, error logging), health and
-//!   readiness, `/openapi.json` and `/docs`, serving with graceful shutdown;
+//!   readiness, `/openapi.json`, `/asyncapi.json` and `/docs`, serving with graceful shutdown;
 //! - [`infra`]: database creation and connection, NATS connection, stream set-up;
 //! - [`metrics`]: the Prometheus recorder and per-route HTTP metrics;
 //! - [`ops`]: the `/ops` page (live counts, dead letters with their admin actions);
@@ -18,6 +19,7 @@
 pub mod admin;
 pub mod config;
 pub mod dead;
+pub mod events;
 pub mod http;
 pub mod infra;
 pub mod metrics;

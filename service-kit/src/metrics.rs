@@ -29,8 +29,24 @@ pub fn handle() -> &'static PrometheusHandle {
         let handle = recorder.handle();
         // Fails only if another recorder is installed; then ours simply records nothing.
         let _ = metrics::set_global_recorder(recorder);
+        describe();
         handle
     })
+}
+
+/// Gives the HTTP metrics and the library's their help text and unit (`# HELP`).
+fn describe() {
+    metrics::describe_counter!(
+        "http_server_requests_total",
+        metrics::Unit::Count,
+        "HTTP requests answered, by method, route template and status."
+    );
+    metrics::describe_histogram!(
+        "http_server_request_duration_seconds",
+        metrics::Unit::Seconds,
+        "Time to answer an HTTP request, by method, route template and status."
+    );
+    jetstream_outbox::metrics::describe();
 }
 
 /// Middleware: `http_server_requests_total` and `http_server_request_duration_seconds` per

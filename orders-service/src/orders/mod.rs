@@ -8,6 +8,7 @@ use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, Utc};
 use jetstream_outbox::{NewEvent, Wakeup};
 use serde::{Deserialize, Serialize};
+use service_kit::events::EventStatus;
 use service_kit::http::TraceParent;
 use service_kit::pagination::{self, Cursor, Page, PageParams};
 use service_kit::problem::Problem;
@@ -143,16 +144,6 @@ impl NewOrder {
     }
 }
 
-/// The payload of every order event.
-#[derive(Debug, Serialize)]
-#[serde(rename_all = "camelCase")]
-struct OrderEvent<'a> {
-    order_id: &'a str,
-    customer: &'a str,
-    total_minor: i64,
-    status: OrderStatus,
-}
-
 impl Order {
     fn event(&self, event_type: &str, traceparent: Option<String>) -> Result<NewEvent, ApiError> {
         order_event(
@@ -188,11 +179,16 @@ fn order_event(
     event_type: &str,
     traceparent: Option<String>,
 ) -> Result<NewEvent, ApiError> {
-    let payload = OrderEvent {
-        order_id,
-        customer,
+    // The contract billing-service reads, and `/asyncapi.json` describes.
+    let payload = service_kit::events::OrderEvent {
+        order_id: order_id.to_owned(),
+        customer: customer.to_owned(),
         total_minor,
-        status,
+        status: match status {
+            OrderStatus::Placed => EventStatus::Placed,
+            OrderStatus::Paid => EventStatus::Paid,
+            OrderStatus::Shipped => EventStatus::Shipped,
+        },
     };
     Ok(NewEvent::new(AGGREGATE, order_id, event_type, &payload)?.with_traceparent(traceparent))
 }

@@ -1,0 +1,87 @@
+//! The metrics the crate records, through the [`metrics`](https://docs.rs/metrics) facade (the
+//! application picks the exporter). [`describe`] gives each its help text and unit, as
+//! Prometheus' `# HELP` lines: call it once the application's recorder is installed.
+
+use metrics::Unit;
+
+/// Gives every metric of the crate its help text and unit.
+pub fn describe() {
+    use metrics::{describe_counter, describe_gauge, describe_histogram};
+    describe_counter!(
+        "outbox_published_total",
+        Unit::Count,
+        "Events the broker acknowledged and the relay recorded published."
+    );
+    describe_counter!(
+        "outbox_publish_failures_total",
+        Unit::Count,
+        "Publishes that failed: refused by the broker, or not acknowledged (unreachable, slow, \
+         full)."
+    );
+    describe_counter!(
+        "outbox_dead_total",
+        Unit::Count,
+        "Events that became dead: refused too often, or never publishable; each parks its \
+         aggregate."
+    );
+    describe_counter!(
+        "outbox_record_failures_total",
+        Unit::Count,
+        "Relay passes whose record failed after their publishes; recorded again without \
+         publishing again."
+    );
+    describe_counter!(
+        "outbox_relay_claims_total",
+        Unit::Count,
+        "The relay's claims, by outcome: rows found, or empty."
+    );
+    describe_counter!(
+        "outbox_republished_total",
+        Unit::Count,
+        "Events the broker acknowledged and then lost, moved back into the outbox to be \
+         published again."
+    );
+    describe_counter!(
+        "outbox_stream_checks_total",
+        Unit::Count,
+        "The relay's checks of its stream for what the broker forgot, by outcome."
+    );
+    describe_gauge!(
+        "outbox_broker_unreachable",
+        "1 while the relay cannot reach the broker, else 0."
+    );
+    describe_gauge!(
+        "outbox_broker_storage_full",
+        "1 while the broker has no room for the relay's messages (its storage limits), else 0."
+    );
+    describe_histogram!(
+        "outbox_commit_to_ack_seconds",
+        Unit::Seconds,
+        "From an event's insert into the outbox to the broker's acknowledgement."
+    );
+    describe_histogram!(
+        "outbox_relay_batch_size",
+        Unit::Count,
+        "Rows a relay pass claimed and published."
+    );
+    describe_counter!(
+        "inbox_processed_total",
+        Unit::Count,
+        "Messages whose effect the inbox applied."
+    );
+    describe_counter!(
+        "inbox_duplicates_total",
+        Unit::Count,
+        "Deliveries of a message already applied: acknowledged, nothing applied."
+    );
+    describe_counter!(
+        "inbox_id_reused_total",
+        Unit::Count,
+        "Messages with the id of an applied message but another content: not applied."
+    );
+    describe_counter!(
+        "inbox_dead_letters_total",
+        Unit::Count,
+        "Messages kept as dead letters: they cannot be parsed, applied or deduplicated."
+    );
+}
