@@ -339,7 +339,7 @@ async fn retry(
         Verdict::Retry(reason) => Err(ApiError::conflict(format!(
             "still not applicable: {reason}"
         ))),
-        Verdict::Dead(reason) => Err(ApiError::validation("message", reason)),
+        Verdict::Dead(reason) => Err(ApiError::validation("message", reason.to_string())),
     }
 }
 

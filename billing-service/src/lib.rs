@@ -7,7 +7,10 @@
 //!
 //! - [`config`]: settings from the environment;
 //! - [`startup`]: [`App`]: connections, migrations, the router, the consumer, graceful shutdown;
-//! - [`consumer`]: the consumer loop and the rules for each message;
+//! - [`consumer`]: the consumer loop and the work in flight;
+//! - [`parse`]: reading a message into the change it asks for;
+//! - [`rules`]: applying a message through the inbox and judging the outcome;
+//! - [`reason`]: why a message is kept as a dead letter, by class;
 //! - [`age`]: when a message is too old for the inbox to deduplicate;
 //! - [`durable`]: the durable consumer, made again when the broker lost it or what it
 //!   delivered;
@@ -26,7 +29,10 @@ pub mod durable;
 pub mod failpoints;
 pub mod inbox_api;
 pub mod invoices;
+pub mod parse;
 pub mod quarantine;
+pub mod reason;
+pub mod rules;
 pub mod startup;
 
 pub use config::Config;

@@ -1,4 +1,5 @@
-//! Every shell command in the README's and docs/operations.md's code blocks is run, so none can
+//! Every shell command in the code blocks of the README, docs/operations.md and
+//! docs/performance.md is run, so none can
 //! rot: the quick start's `curl` commands here, as written but for the ports, against both
 //! services, each answering what the README shows after it (timestamps and ids aside); every
 //! other command by the script named beside it in [`RUN_ELSEWHERE`]. A command added to those
@@ -9,9 +10,10 @@ use std::time::Duration;
 use e2e::{Stack, eventually};
 
 /// The documents whose commands are checked.
-const DOCUMENTS: [&str; 2] = [
+const DOCUMENTS: [&str; 3] = [
     include_str!("../../README.md"),
     include_str!("../../docs/operations.md"),
+    include_str!("../../docs/performance.md"),
 ];
 
 /// Commands of the documents run by something other than this test, and what runs them.
@@ -31,6 +33,19 @@ const RUN_ELSEWHERE: &[(&str, &str)] = &[
     (
         "scripts/test -p jetstream-outbox",
         ".ci/run, whose scripts/test runs these tests among every other",
+    ),
+    (
+        "cargo run --release -p e2e --bin bench",
+        "scripts/test runs the same binary with --smoke",
+    ),
+    (
+        "cargo run --release -p e2e --bin bench -- --smoke",
+        "scripts/test (from the test build, with the release services)",
+    ),
+    (
+        "cargo run --release -p e2e --bin bench -- --markdown BENCHMARKS.md docs/bench/*.json",
+        "scripts/test runs the same binary's --markdown on its smoke run's results, and \
+         e2e/tests/benchmarks.rs the same function on docs/bench/",
     ),
 ];
 

@@ -38,6 +38,7 @@
 //! the exporter; [`metrics::describe`] lists them with their help text.
 
 pub mod backoff;
+mod batches;
 pub mod cleanup;
 pub mod error;
 pub mod event;

@@ -2,9 +2,8 @@
 //!
 //! A `NOTIFY` inside the transaction that enqueues would wake relays at commit, but PostgreSQL
 //! serialises the commits of notifying transactions on one database-wide lock held until the
-//! commit record is flushed, so they can no longer share a WAL flush: measured here, 16 clients
-//! of a two-insert transaction commit 58% fewer transactions per second with `pg_notify` in
-//! them. So `enqueue` notifies nobody; after the commit, the code that committed calls
+//! commit record is flushed, so they can no longer share a WAL flush (the workspace's
+//! `docs/design.md` has the measurement). So `enqueue` notifies nobody; after the commit, the code that committed calls
 //! [`Wakeup::committed`] (or commits through [`commit`]):
 //! - a relay in the same process ([`crate::Relay::with_wakeup`]) is woken through memory;
 //! - with [`Wakeup::across_processes`], relays in other processes are woken by a `NOTIFY` on

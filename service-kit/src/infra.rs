@@ -18,8 +18,8 @@ pub async fn connect_db(url: &str, max_connections: u32) -> anyhow::Result<PgPoo
 
 /// [`connect_db`] for background work that should not wait for a connection to be made: all
 /// `connections` are opened now and kept (no idle timeout, no maximum lifetime, which would
-/// retire them all at once); only one that breaks is made again. Making one takes sqlx about
-/// 90 ms over TLS, even to a local server (docs/performance.md), time a relay would otherwise
+/// retire them all at once); only one that breaks is made again. Making one takes sqlx a long
+/// while over TLS, even to a local server (docs/performance.md), time a relay would otherwise
 /// spend not publishing.
 pub async fn connect_db_open(url: &str, connections: u32) -> anyhow::Result<PgPool> {
     let options = pool_options()

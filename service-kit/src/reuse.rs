@@ -2,8 +2,7 @@
 //!
 //! sqlx pings every connection as it goes back to its pool (`return_to_pool`, sqlx 0.9; not
 //! configurable), a round trip that cost `POST /orders`, a one-statement request, as much as
-//! its statement: with it skipped, orders-service served 25–35% more orders a second on the
-//! same machine (docs/performance.md). A request that ended well hands its connection here to
+//! its statement (docs/performance.md has the measurement). A request that ended well hands its connection here to
 //! the next request instead; a request that did not (an error, a cancelled future) drops it,
 //! and the pool checks it as usual.
 //!

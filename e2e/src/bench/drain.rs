@@ -6,7 +6,7 @@ use jetstream_outbox::{JetStreamPublisher, Relay, RelayConfig};
 use service_kit::testing;
 use tokio_util::sync::CancellationToken;
 
-use super::growth::Filled;
+use super::filled::Filled;
 
 /// Fills a fresh outbox with `events` pending rows (five events per order), starts `relays`
 /// relays with the service's default settings, deleting rows as they publish them when
@@ -19,6 +19,24 @@ pub async fn drain(
     delete_published: bool,
     filled: Option<&Filled>,
 ) -> anyhow::Result<f64> {
+    drain_at(
+        events,
+        relays,
+        delete_published,
+        filled,
+        &testing::nats_url(),
+    )
+    .await
+}
+
+/// [`drain`] to the nats-server at `url`.
+pub async fn drain_at(
+    events: i64,
+    relays: usize,
+    delete_published: bool,
+    filled: Option<&Filled>,
+    url: &str,
+) -> anyhow::Result<f64> {
     let database = testing::unique("bench_drain");
     if let Some(filled) = filled {
         filled.copy_orders(&database).await?;
@@ -29,7 +47,7 @@ pub async fn drain(
         service_kit::infra::connect_db(&testing::database_url(&database), 3 * relays as u32 + 2)
             .await?;
     orders_service::startup::migrate(&pool).await?;
-    let js = async_nats::jetstream::new(async_nats::connect(testing::nats_url()).await?);
+    let js = async_nats::jetstream::new(async_nats::connect(url).await?);
     super::refs::create_stream(&js, &stream, &prefix).await?;
 
     // Time-ordered ids (UUIDv7), as `enqueue` makes them: random ones would scatter the

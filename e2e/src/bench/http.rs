@@ -13,7 +13,7 @@ use service_kit::testing;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
-use super::growth::Filled;
+use super::filled::Filled;
 use crate::Names;
 use crate::process::{Kind, Service};
 

@@ -6,6 +6,8 @@
 //!   notification); also our order transaction through sqlx, for comparison;
 //! - [`drain`]: pre-filled pending outbox rows drained by 1 relay (rows kept, then rows
 //!   deleted as published) and by 4 relays;
+//! - [`sync`]: raw publishing and the drain against a nats-server that syncs every write, and
+//!   one with JetStream's default sync interval;
 //! - [`billing`]: pre-published messages applied by billing, the messages waiting per
 //!   transaction (the default) and a transaction per message;
 //! - [`http`]: `POST /orders` at maximum rate, and a steady rate through both services with
@@ -24,11 +26,13 @@
 
 pub mod billing;
 pub mod drain;
+pub mod filled;
 pub mod growth;
 pub mod http;
 pub mod refs;
 pub mod report;
 pub mod scale;
+pub mod sync;
 pub mod views;
 
 use std::path::PathBuf;
@@ -102,7 +106,7 @@ impl Options {
 }
 
 /// Every figure of one run.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Results {
     /// When the run started (UTC, RFC 3339).
     pub started_at: String,
@@ -139,10 +143,14 @@ pub struct Results {
     pub views: Vec<views::Views>,
     /// The phases again on filled tables, sizes and the cleanup.
     pub growth: growth::Growth,
+    /// Raw publishing and the drain with `sync_interval: always` and the default (absent in
+    /// runs from before the phase, or where no nats-server 2.10 ran).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sync: Option<sync::Sync>,
 }
 
 /// The sizes of a run, recorded with its results.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Settings {
     /// See [`Options::raw_messages`].
     pub raw_messages: usize,
@@ -182,6 +190,22 @@ pub fn progress(what: &str) {
     eprintln!("[bench] {what}");
 }
 
+/// The sizes of `options`, as a run records them.
+fn settings(options: &Options) -> Settings {
+    Settings {
+        raw_messages: options.raw_messages,
+        drain_events: options.drain_events,
+        billing_messages: options.billing_messages,
+        views_backlog: options.views_backlog,
+        growth_rows: options.growth_rows,
+        growth_runs: options.growth_runs,
+        connections: options.connections,
+        max_rate_secs: options.max_rate_for.as_secs_f64(),
+        steady_rate: options.steady_rate,
+        steady_secs: options.steady_for.as_secs_f64(),
+    }
+}
+
 /// Runs every phase, then writes and prints the report; returns the results folder.
 pub async fn run(options: &Options) -> anyhow::Result<PathBuf> {
     let started_at = chrono::Utc::now();
@@ -202,17 +226,18 @@ pub async fn run(options: &Options) -> anyhow::Result<PathBuf> {
     progress(&format!("  {raw_publish_per_sec:.0} msgs/s"));
 
     let drains = relay_drains(options.drain_events).await?;
+    let sync = sync_phase(options).await?;
 
     progress(&format!(
         "plain two-insert transaction through sqlx (reference): {} clients for {:?}",
         options.connections, options.max_rate_for
     ));
-    growth::settle().await;
+    filled::settle().await;
     let plain_tx_per_sec =
         refs::plain_transaction(options.connections, options.max_rate_for).await?;
     progress(&format!("  {plain_tx_per_sec:.0} tx/s"));
     progress("the order transaction of orders-service through sqlx, the same clients");
-    growth::settle().await;
+    filled::settle().await;
     let order_tx_per_sec =
         refs::order_transaction(options.connections, options.max_rate_for).await?;
     progress(&format!("  {order_tx_per_sec:.0} tx/s"));
@@ -223,7 +248,7 @@ pub async fn run(options: &Options) -> anyhow::Result<PathBuf> {
         "POST /orders at maximum rate: {} connections for {:?}",
         options.connections, options.max_rate_for
     ));
-    growth::settle().await;
+    filled::settle().await;
     let http_orders_per_sec =
         http::max_rate(options.connections, options.max_rate_for, None).await?;
     progress(&format!("  {http_orders_per_sec:.0} orders/s"));
@@ -238,18 +263,7 @@ pub async fn run(options: &Options) -> anyhow::Result<PathBuf> {
 
     let results = Results {
         started_at: started_at.to_rfc3339(),
-        settings: Settings {
-            raw_messages: options.raw_messages,
-            drain_events: options.drain_events,
-            billing_messages: options.billing_messages,
-            views_backlog: options.views_backlog,
-            growth_rows: options.growth_rows,
-            growth_runs: options.growth_runs,
-            connections: options.connections,
-            max_rate_secs: options.max_rate_for.as_secs_f64(),
-            steady_rate: options.steady_rate,
-            steady_secs: options.steady_for.as_secs_f64(),
-        },
+        settings: settings(options),
         postgres_tls,
         raw_publish_per_sec,
         drain_1_relay_per_sec: drains[0],
@@ -265,6 +279,7 @@ pub async fn run(options: &Options) -> anyhow::Result<PathBuf> {
         scale: scaled,
         views,
         growth,
+        sync,
     };
     let dir = options
         .out
@@ -290,12 +305,46 @@ async fn steady_phases(options: &Options) -> anyhow::Result<(http::Steady, http:
             }
         ));
         // The latency is this phase's alone, not that of the previous phases' write-back.
-        growth::settle().await;
+        filled::settle().await;
         steady.push(http::steady(options.steady_rate, options.steady_for, instances, None).await?);
     }
     let steady_two = steady.pop().unwrap_or_default();
     let steady = steady.pop().unwrap_or_default();
     Ok((steady, steady_two))
+}
+
+/// The sync phase ([`sync`]) with the run's sizes.
+async fn sync_phase(options: &Options) -> anyhow::Result<Option<sync::Sync>> {
+    progress(&format!(
+        "the broker syncing every write, and not: {} messages raw, {} events drained",
+        options.raw_messages, options.drain_events
+    ));
+    filled::settle().await;
+    sync::sync(options.raw_messages, options.drain_events).await
+}
+
+/// Runs the sync phase alone and writes a run of it (the other figures absent), for
+/// BENCHMARKS.md.
+pub async fn run_sync(options: &Options) -> anyhow::Result<()> {
+    let started_at = chrono::Utc::now();
+    let sync = sync_phase(options).await?;
+    anyhow::ensure!(
+        sync.is_some(),
+        "no nats-server 2.10 or later to run the phase with"
+    );
+    let results = Results {
+        started_at: started_at.to_rfc3339(),
+        settings: settings(options),
+        postgres_tls: postgres_tls().await?,
+        sync,
+        ..Results::default()
+    };
+    let dir = options
+        .out
+        .join(started_at.format("%Y%m%dT%H%M%SZ").to_string());
+    report::write(&results, &dir)?;
+    report::print(&results);
+    Ok(())
 }
 
 /// Runs the steady phases alone and prints their lines.
@@ -314,13 +363,13 @@ pub async fn run_max_rate(options: &Options) -> anyhow::Result<()> {
     let (connections, length) = (options.connections, options.max_rate_for);
     // Each phase starts with what the one before wrote on disk (a checkpoint), so that it does
     // not pay for the I/O of another.
-    growth::settle().await;
+    filled::settle().await;
     let plain = refs::plain_transaction(connections, length).await?;
-    growth::settle().await;
+    filled::settle().await;
     let order = refs::order_transaction(connections, length).await?;
-    growth::settle().await;
+    filled::settle().await;
     let http = http::max_rate(connections, length, None).await?;
-    growth::settle().await;
+    filled::settle().await;
     let pipeline = scale::scale(1, 1, connections, length).await?;
     println!("plain transaction      {plain:>8.0} tx/s");
     for (figure, rate) in [
@@ -427,13 +476,13 @@ async fn growth(options: &Options) -> anyhow::Result<growth::Growth> {
         "growth: an outbox with {0} published events and an inbox with {0} records",
         options.growth_rows
     ));
-    growth::drop_leftovers().await?;
-    let (filled, mut figures) = growth::fill(options.growth_rows).await?;
+    filled::drop_leftovers().await?;
+    let (filled, mut figures) = filled::fill(options.growth_rows).await?;
     progress(&format!(
         "  filled in {:.0} s: {:.0} bytes per outbox event, {:.0} per inbox record",
         figures.fill_secs, figures.outbox_bytes_per_event, figures.inbox_bytes_per_record
     ));
-    let (empty, _) = growth::fill(0).await?;
+    let (empty, _) = filled::fill(0).await?;
     measure_growth(options, &empty, &filled, &mut figures).await?;
     empty.drop().await;
     filled.drop().await;
@@ -446,11 +495,11 @@ async fn growth(options: &Options) -> anyhow::Result<growth::Growth> {
 /// and one stall of the machine weighs on one of several runs.
 async fn measure_growth(
     options: &Options,
-    empty: &growth::Filled,
-    filled: &growth::Filled,
+    empty: &filled::Filled,
+    filled: &filled::Filled,
     figures: &mut growth::Growth,
 ) -> anyhow::Result<()> {
-    let runs: Vec<(&str, &growth::Filled)> = (0..options.growth_runs)
+    let runs: Vec<(&str, &filled::Filled)> = (0..options.growth_runs)
         .flat_map(|i| {
             let pair = [("empty", empty), ("filled", filled)];
             if i % 2 == 0 { pair } else { [pair[1], pair[0]] }
@@ -462,14 +511,14 @@ async fn measure_growth(
         progress(&format!(
             "  relay drain, 1 relay, rows kept, {tables} tables"
         ));
-        growth::settle().await;
+        filled::settle().await;
         let rate = drain::drain(options.drain_events, 1, false, Some(seed)).await?;
         progress(&format!("    {rate:.0} events/s"));
         figures.phases(seed.rows > 0).drain_runs_per_sec.push(rate);
     }
     for &(tables, seed) in &runs {
         progress(&format!("  POST /orders at maximum rate, {tables} tables"));
-        growth::settle().await;
+        filled::settle().await;
         let rate = http::max_rate(options.connections, options.max_rate_for, Some(seed)).await?;
         progress(&format!("    {rate:.0} orders/s"));
         figures.phases(seed.rows > 0).http_runs_per_sec.push(rate);
@@ -478,7 +527,7 @@ async fn measure_growth(
         progress(&format!(
             "  steady load for {steady_for:?}, 1 orders-service, {tables} tables"
         ));
-        growth::settle().await;
+        filled::settle().await;
         let run = http::steady(options.steady_rate, steady_for, 1, Some(seed)).await?;
         progress(&format!(
             "    p50 {:.2} ms, p99 {:.2} ms",
@@ -494,7 +543,7 @@ async fn measure_growth(
         phases.http_orders_per_sec = mean(&phases.http_runs_per_sec);
     }
     progress("  the cleanups under POST /orders at maximum rate");
-    growth::settle().await;
+    filled::settle().await;
     figures.cleanup = growth::cleanup(filled, options.connections).await?;
     let c = &figures.cleanup;
     for (table, round) in [("outbox", &c.outbox), ("inbox", &c.inbox)] {

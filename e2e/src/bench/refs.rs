@@ -32,9 +32,14 @@ pub(crate) async fn create_stream(
 /// Publishes `messages` with a unique `Nats-Msg-Id` each, awaiting PubAcks in windows, and
 /// returns messages per second.
 pub async fn raw_publish(messages: usize) -> anyhow::Result<f64> {
+    raw_publish_at(messages, &testing::nats_url()).await
+}
+
+/// [`raw_publish`] to the nats-server at `url`.
+pub async fn raw_publish_at(messages: usize, url: &str) -> anyhow::Result<f64> {
     let stream = testing::unique("BENCH_RAW");
     let prefix = stream.to_lowercase();
-    let js = jetstream::new(async_nats::connect(testing::nats_url()).await?);
+    let js = jetstream::new(async_nats::connect(url).await?);
     create_stream(&js, &stream, &prefix).await?;
 
     let start = Instant::now();

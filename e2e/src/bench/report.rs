@@ -17,6 +17,10 @@ struct Line {
 }
 
 fn lines(r: &Results) -> Vec<Line> {
+    // A run of the sync phase alone holds nothing else.
+    if r.plain_tx_per_sec == 0.0 && r.sync.is_some() {
+        return sync_lines(r);
+    }
     let mut lines = bars(r);
     let base = r.scale.first().map_or(f64::NAN, |s| s.invoiced_per_sec);
     lines.extend(r.scale.iter().map(|s| Line {
@@ -35,7 +39,40 @@ fn lines(r: &Results) -> Vec<Line> {
         bar: "-",
         met: true,
     }));
+    lines.extend(sync_lines(r));
     lines
+}
+
+/// Raw publishing and the drain with the broker syncing every write, against its default.
+fn sync_lines(r: &Results) -> Vec<Line> {
+    let Some(sync) = &r.sync else {
+        return Vec::new();
+    };
+    let line = |figure, always: f64, default: f64, unit| Line {
+        figure,
+        value: format!("{always:.0} {unit}"),
+        reference: format!(
+            "{:.1}% of the default sync interval ({default:.0} {unit}); {}",
+            always / default * 100.0,
+            sync.server
+        ),
+        bar: "-",
+        met: true,
+    };
+    vec![
+        line(
+            "raw publishing, sync always",
+            sync.raw_always_per_sec,
+            sync.raw_default_per_sec,
+            "msgs/s",
+        ),
+        line(
+            "relay drain, sync always",
+            sync.drain_always_per_sec,
+            sync.drain_default_per_sec,
+            "events/s",
+        ),
+    ]
 }
 
 /// The figures with a bar. A ratio compared with its bar shows a decimal, so that one just
@@ -372,7 +409,30 @@ pub fn markdown(runs: &[Results]) -> String {
             s.growth_runs,
         );
     }
-    let tables: Vec<Vec<Line>> = runs.iter().map(lines).collect();
+    // Rows by figure (a figure may have several, numbered in order), in the order they first
+    // appear: a run of some phases alone leaves the others' rows empty.
+    let tables: Vec<Vec<((&'static str, usize), Line)>> = runs
+        .iter()
+        .map(|run| {
+            let mut seen: Vec<&str> = Vec::new();
+            lines(run)
+                .into_iter()
+                .map(|line| {
+                    let nth = seen.iter().filter(|f| **f == line.figure).count();
+                    seen.push(line.figure);
+                    ((line.figure, nth), line)
+                })
+                .collect()
+        })
+        .collect();
+    let mut keys: Vec<(&'static str, usize)> = Vec::new();
+    for table in &tables {
+        for (key, _) in table {
+            if !keys.contains(key) {
+                keys.push(*key);
+            }
+        }
+    }
     let _ = write!(out, "\n| figure |");
     for i in 1..=runs.len() {
         let _ = write!(out, " run {i} |");
@@ -380,24 +440,24 @@ pub fn markdown(runs: &[Results]) -> String {
     out.push_str(" bar | met |\n| --- |");
     out.push_str(&" --- |".repeat(runs.len() + 2));
     out.push('\n');
-    let rows = tables.iter().map(Vec::len).max().unwrap_or(0);
-    for row in 0..rows {
-        let first = tables.iter().find_map(|t| t.get(row)).expect("a row");
-        let _ = write!(out, "| {} |", first.figure);
-        let mut met = 0;
+    for key in keys {
+        let _ = write!(out, "| {} |", key.0);
+        let (mut met, mut measured, mut bar) = (0, 0, "-");
         for table in &tables {
-            match table.get(row).filter(|line| line.figure == first.figure) {
-                Some(line) => {
+            match table.iter().find(|(k, _)| *k == key) {
+                Some((_, line)) => {
                     met += usize::from(line.met);
+                    measured += 1;
+                    bar = line.bar;
                     let _ = write!(out, " {}<br>{} |", line.value, line.reference);
                 }
                 None => out.push_str(" — |"),
             }
         }
-        if first.bar == "-" {
+        if bar == "-" {
             out.push_str(" — | — |\n");
         } else {
-            let _ = writeln!(out, " {} | {met} of {} |", first.bar, runs.len());
+            let _ = writeln!(out, " {bar} | {met} of {measured} |");
         }
     }
     out

@@ -46,6 +46,8 @@ enum Only {
     MaxRate,
     /// Billing's two drains.
     Billing,
+    /// Raw publishing and the drain with the broker syncing every write, and not.
+    Sync,
 }
 
 #[tokio::main]
@@ -80,6 +82,7 @@ async fn main() -> anyhow::Result<()> {
         Some(Only::Steady) => bench::run_steady(&options).await?,
         Some(Only::MaxRate) => bench::run_max_rate(&options).await?,
         Some(Only::Billing) => bench::run_billing(&options).await?,
+        Some(Only::Sync) => bench::run_sync(&options).await?,
         // Boxed: the whole run's state is too big for the stack of main's future.
         None => drop(Box::pin(bench::run(&options)).await?),
     }

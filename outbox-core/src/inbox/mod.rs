@@ -554,7 +554,7 @@ impl Inbox {
                 None => break,
             }
         }
-        removed += crate::cleanup::in_batches(batch, |batch| {
+        removed += crate::batches::in_batches(batch, |batch| {
             storage::delete_older(&self.pool, &self.consumer, retention, batch)
         })
         .await?;

@@ -190,7 +190,7 @@ pub const MAX_RETENTION: Duration = Duration::from_secs(188 * 3600);
 /// the first error is returned.
 pub async fn cleanup(pool: &PgPool, retention: Duration, batch: i64) -> sqlx::Result<u64> {
     let emptied = storage::age_out_published(pool, retention).await;
-    let deleted = crate::cleanup::in_batches(batch, |batch| {
+    let deleted = crate::batches::in_batches(batch, |batch| {
         storage::delete_finished(pool, retention, batch)
     })
     .await;

@@ -19,8 +19,7 @@ impl<P> Relay<P> {
     /// event itself is sound.
     pub(super) fn message(&self, row: &mut Claimed) -> Result<Message, String> {
         // Header names are built once, at compile time; values are moved in where they are
-        // already owned strings: this runs for every event, and allocating and copying were
-        // about a quarter of the relay's CPU time.
+        // already owned strings: this runs for every event, and the copies showed in profiles.
         const SPECVERSION: HeaderName = HeaderName::from_static(headers::SPECVERSION);
         const ID: HeaderName = HeaderName::from_static(headers::ID);
         const TYPE: HeaderName = HeaderName::from_static(headers::TYPE);
