@@ -12,7 +12,7 @@ use service_kit::admin::{AdminSecurity, AdminToken};
 use service_kit::http::{self, BackgroundTask, Health};
 use service_kit::infra;
 use service_kit::metrics::Cached;
-use service_kit::startup::Base;
+use service_kit::startup::{Base, Stream};
 use sqlx::PgPool;
 use sqlx::migrate::Migrator;
 use utoipa::OpenApi;
@@ -94,7 +94,7 @@ impl App {
         inbox_api::describe_metrics();
         crate::failpoints::warn_if_armed();
         let common = &config.common;
-        let base = Base::build(common, "billing-service", migrations()).await?;
+        let base = Base::build(common, "billing-service", migrations(), Stream::Await).await?;
         let pool = base.pool.clone();
         let jetstream = async_nats::jetstream::new(base.nats.clone());
         let durable = infra::at_start_up("the durable consumer created", || {

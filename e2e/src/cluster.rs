@@ -12,6 +12,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::Names;
 use crate::checker::{self, Report, Sources};
+use crate::identities::Identities;
 use crate::load::{Ledger, Load};
 use crate::process::{Kind, NatsServer, PgServer, Service};
 use crate::proxy::Proxy;
@@ -35,6 +36,8 @@ pub struct Cluster {
     pub postgres: Option<PgServer>,
     info_logs: bool,
     env: &'static [(&'static str, &'static str)],
+    /// The services' identities on the broker, when it requires them.
+    pub identities: Option<Identities>,
     stream_replicas: usize,
     orders_pool: PgPool,
     billing_pool: PgPool,
@@ -55,12 +58,27 @@ impl Cluster {
         let credentials = setup
             .nats_auth
             .then(|| ("orders-app".to_owned(), testing::unique("pw")));
+        let identities = setup
+            .nats_identities
+            .map(|without| Identities::for_test(&names, "billing", without));
         let nats = if setup.nats_cluster {
             NatsServer::start_cluster(&dir, 3).await
         } else if let Some(max_file) = setup.account_storage {
             let credentials = ("app".to_owned(), testing::unique("pw"));
             let config = account_config(&credentials, max_file);
-            vec![NatsServer::start_with_config(&dir, config, Some(credentials)).await]
+            vec![NatsServer::start_with_config(&dir, config, Vec::new(), Some(credentials)).await]
+        } else if let Some(identities) = &identities {
+            let operator = ("operator".to_owned(), identities.operator.clone());
+            let config = identities.config.clone();
+            vec![
+                NatsServer::start_with_config(
+                    &dir,
+                    config,
+                    identities.server_env(),
+                    Some(operator),
+                )
+                .await,
+            ]
         } else {
             vec![NatsServer::start_with(&dir, credentials).await]
         };
@@ -69,7 +87,10 @@ impl Cluster {
         } else {
             None
         };
-        let postgres = if setup.own_postgres {
+        let postgres = if setup.postgres_tls {
+            let tls = crate::process::TlsFiles::generate(&dir.join("pg-tls"));
+            Some(PgServer::start_tls(&dir, &tls).await)
+        } else if setup.own_postgres {
             Some(PgServer::start(&dir).await)
         } else {
             None
@@ -86,6 +107,7 @@ impl Cluster {
             postgres,
             info_logs: setup.info_logs,
             env: setup.env,
+            identities,
             stream_replicas: nats.len(),
             names,
             dir,
@@ -122,17 +144,36 @@ impl Cluster {
             || testing::database_url(database),
             |pg| pg.database_url(database),
         );
-        let env = vec![
+        let (nats_url, identity) = match &self.identities {
+            // Each service as itself, with a URL that holds no one's credentials.
+            Some(identities) => (
+                self.nats
+                    .iter()
+                    .map(NatsServer::plain_url)
+                    .collect::<Vec<_>>()
+                    .join(","),
+                Some(match kind {
+                    Kind::Orders => ("orders", identities.orders.clone()),
+                    Kind::Billing => ("billing", identities.billing.clone()),
+                }),
+            ),
+            None => (self.nats_url(), None),
+        };
+        let mut env = vec![
             (
                 "RUST_LOG",
                 if self.info_logs { "info" } else { "warn" }.to_owned(),
             ),
             ("DATABASE_URL", database_url),
-            ("NATS_URL", self.nats_url()),
+            ("NATS_URL", nats_url),
             ("NATS_STREAM", self.names.stream.clone()),
             ("NATS_STREAM_REPLICAS", self.stream_replicas.to_string()),
             ("NATS_SUBJECT_PREFIX", self.names.prefix.clone()),
         ];
+        if let Some((user, password)) = identity {
+            env.push(("NATS_USER", user.to_owned()));
+            env.push(("NATS_PASSWORD", password));
+        }
         // Both services run their defaults: outages, lost acks and kills must not need
         // tuning. A SIGKILLed billing's unacknowledged messages come back after the default
         // 30 s ack wait, inside the checker's two minutes. A scenario that changes a setting
@@ -259,6 +300,10 @@ pub struct Setup {
     pub proxy: bool,
     /// Both databases live on a PostgreSQL cluster of the scenario's own, which it restarts.
     pub own_postgres: bool,
+    /// Both databases live on a PostgreSQL cluster of the scenario's own that takes TLS
+    /// connections only, and the services verify its certificate against a CA of the test's
+    /// own (`sslmode=verify-full&sslrootcert=…`).
+    pub postgres_tls: bool,
     /// Services log at `info` (default `warn`), for scenarios that read the logs.
     pub info_logs: bool,
     /// nats-server requires a user and password, given to the services in `NATS_URL`.
@@ -270,6 +315,10 @@ pub struct Setup {
     pub account_storage: Option<u64>,
     /// Settings both services get besides their defaults.
     pub env: &'static [(&'static str, &'static str)],
+    /// nats-server requires the services' identities of deploy/nats/accounts.conf (its lines
+    /// holding any of these strings left out: a permission withheld), and each service logs
+    /// in as its own; the scenario's own checks log in as the operator.
+    pub nats_identities: Option<&'static [&'static str]>,
 }
 
 /// A nats-server configuration with one account for the services, user and password as given,

@@ -6,6 +6,7 @@
 //! - [`process`]: starting, killing and restarting those processes;
 //! - [`proxy`]: a TCP proxy that loses the broker's replies (lost PubAcks);
 //! - [`load`]: a steady load of orders whose outcome is always known in the end;
+//! - [`identities`]: the services' identities on the broker, with a test's names;
 //! - [`docs`]: the documents generated from the code (the configuration reference);
 //! - [`checker`]: lost, duplicated, unexpected, wrongly totalled and out-of-order, after a
 //!   scenario drained;
@@ -16,6 +17,7 @@ pub mod bench;
 pub mod checker;
 pub mod cluster;
 pub mod docs;
+pub mod identities;
 pub mod load;
 pub mod process;
 pub mod proxy;

@@ -146,7 +146,7 @@ async fn orders_ops_page_retries_a_dead_event() {
         value: error[error.len() - 20..].to_owned(),
     };
 
-    service_kit::infra::ensure_stream(&js, &common)
+    service_kit::infra::ensure_stream(&js, &common, &service_kit::infra::Refusals::default())
         .await
         .unwrap();
 

@@ -15,7 +15,7 @@ use service_kit::http::{self, BackgroundTask, Health};
 use service_kit::infra;
 use service_kit::metrics::Cached;
 use service_kit::reuse::Connections;
-use service_kit::startup::Base;
+use service_kit::startup::{Base, Stream};
 use sqlx::PgPool;
 use sqlx::migrate::Migrator;
 use utoipa::OpenApi;
@@ -93,7 +93,13 @@ impl App {
     pub async fn build(config: Config) -> anyhow::Result<Self> {
         service_kit::metrics::handle();
         outbox_api::describe_metrics();
-        let base = Base::build(&config.common, "orders-service", migrations()).await?;
+        let base = Base::build(
+            &config.common,
+            "orders-service",
+            migrations(),
+            Stream::Manage,
+        )
+        .await?;
         let pool = base.pool.clone();
         let jetstream = ContextBuilder::new()
             .timeout(config.publish_timeout)

@@ -85,6 +85,14 @@ pub struct Common {
     #[arg(long, env = "NATS_URL", default_value = "nats://127.0.0.1:4222",
           value_parser = secret(), hide_env_values = true, help_heading = "NATS")]
     pub nats_url: SecretString,
+    /// The user to authenticate to NATS as (with NATS_PASSWORD): each service an identity of
+    /// its own, allowed only its part (deploy/nats/accounts.conf).
+    #[arg(long, env = "NATS_USER", help_heading = "NATS")]
+    pub nats_user: Option<String>,
+    /// NATS_USER's password.
+    #[arg(long, env = "NATS_PASSWORD", value_parser = secret(), hide_env_values = true,
+          help_heading = "NATS")]
+    pub nats_password: Option<SecretString>,
     /// A NATS credentials file (JWT and NKey seed) to authenticate with.
     #[arg(long, env = "NATS_CREDS_FILE", help_heading = "NATS")]
     pub nats_creds_file: Option<String>,
@@ -187,6 +195,7 @@ impl Common {
     pub fn without_empty(mut self) -> Self {
         let empty = |value: &Option<String>| value.as_deref().is_some_and(str::is_empty);
         for value in [
+            &mut self.nats_user,
             &mut self.nats_creds_file,
             &mut self.nats_tls_ca_file,
             &mut self.otel_exporter_otlp_endpoint,
@@ -197,18 +206,24 @@ impl Common {
                 *value = None;
             }
         }
-        if self
-            .admin_token
-            .as_ref()
-            .is_some_and(|token| token.expose_secret().is_empty())
-        {
-            self.admin_token = None;
+        for secret in [&mut self.admin_token, &mut self.nats_password] {
+            if secret
+                .as_ref()
+                .is_some_and(|value| value.expose_secret().is_empty())
+            {
+                *secret = None;
+            }
         }
         self
     }
 
     /// Checks what one variable's parser cannot: the settings together.
     pub fn check(&self) -> Result<(), ConfigError> {
+        ensure(
+            "NATS_PASSWORD",
+            self.nats_user.is_some() == self.nats_password.is_some(),
+            "NATS_USER and NATS_PASSWORD go together",
+        )?;
         ensure(
             "HTTP_TIMEOUT_MS",
             !self.http_timeout.is_zero(),

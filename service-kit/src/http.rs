@@ -236,6 +236,8 @@ pub struct Health {
     pub pool: PgPool,
     /// The NATS connection.
     pub nats: async_nats::Client,
+    /// What the broker refused: a missing permission fails readiness.
+    pub refusals: crate::infra::Refusals,
 }
 
 /// The body of `/healthz` and `/readyz`.
@@ -281,6 +283,12 @@ async fn readyz(State(health): State<Health>) -> Result<Json<Status>, ApiError> 
     }
     if health.nats.connection_state() != async_nats::connection::State::Connected {
         return Err(ApiError::unavailable("NATS is unreachable"));
+    }
+    if let Some(refused) = health.refusals.recent() {
+        return Err(ApiError::unavailable(format!(
+            "NATS refused this service an operation it needs (its identity lacks a \
+             permission): {refused}"
+        )));
     }
     Ok(Json(Status { status: "ok" }))
 }

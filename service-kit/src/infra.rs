@@ -126,6 +126,8 @@ async fn create_database(options: &PgConnectOptions) -> anyhow::Result<()> {
 /// How to authenticate to NATS and which TLS certificates to trust, beyond the URL.
 #[derive(Debug, Clone, Default)]
 pub struct NatsSecurity {
+    /// A user and password.
+    pub user: Option<(String, secrecy::SecretString)>,
     /// A credentials file (JWT + NKey seed).
     pub creds_file: Option<String>,
     /// PEM certificates to trust for the server's TLS certificate; setting it requires TLS.
@@ -135,6 +137,7 @@ pub struct NatsSecurity {
 impl From<&crate::config::Common> for NatsSecurity {
     fn from(common: &crate::config::Common) -> Self {
         Self {
+            user: common.nats_user.clone().zip(common.nats_password.clone()),
             creds_file: common.nats_creds_file.clone(),
             tls_ca_file: common.nats_tls_ca_file.clone(),
         }
@@ -146,13 +149,65 @@ pub async fn connect_nats(urls: &str, name: &str) -> anyhow::Result<async_nats::
     connect_nats_with(urls, name, &NatsSecurity::default()).await
 }
 
+/// What the broker refused this process, most recent first: a missing permission names the
+/// subject, which start-up errors and `/readyz` repeat.
+#[derive(Debug, Clone, Default)]
+pub struct Refusals(std::sync::Arc<std::sync::Mutex<Option<(std::time::Instant, String)>>>);
+
+impl Refusals {
+    /// How long a refusal keeps `/readyz` failing after the last one.
+    const FRESH: Duration = Duration::from_secs(60);
+
+    fn note(&self, what: String) {
+        tracing::error!(refusal = %what, "the broker refused an operation of this service");
+        *self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) =
+            Some((std::time::Instant::now(), what));
+    }
+
+    /// The latest refusal, when it is recent.
+    pub fn recent(&self) -> Option<String> {
+        let last = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        last.as_ref()
+            .filter(|(at, _)| at.elapsed() < Self::FRESH)
+            .map(|(_, what)| what.clone())
+    }
+}
+
+/// [`connect_nats_with`], also watching what the broker refuses (see [`Refusals`]).
+pub async fn connect_nats_watched(
+    urls: &str,
+    name: &str,
+    security: &NatsSecurity,
+) -> anyhow::Result<(async_nats::Client, Refusals)> {
+    let refusals = Refusals::default();
+    let client = connect_nats_as(urls, name, security, Some(refusals.clone())).await?;
+    Ok((client, refusals))
+}
+
 /// Connects to NATS, failing start-up when no server is reachable. `urls` may list several
 /// servers of a cluster, separated by commas; `user:password@` or `token@` in a URL
 /// authenticates (async-nats itself ignores credentials in URLs); a `tls://` URL requires TLS.
+/// Replies come to inboxes under `_INBOX.{name}`, which a least-privileged identity may be
+/// allowed alone (deploy/nats/accounts.conf).
 pub async fn connect_nats_with(
     urls: &str,
     name: &str,
     security: &NatsSecurity,
+) -> anyhow::Result<async_nats::Client> {
+    connect_nats_as(urls, name, security, None).await
+}
+
+async fn connect_nats_as(
+    urls: &str,
+    name: &str,
+    security: &NatsSecurity,
+    refusals: Option<Refusals>,
 ) -> anyhow::Result<async_nats::Client> {
     let servers: Vec<async_nats::ServerAddr> = urls
         .split(',')
@@ -163,8 +218,28 @@ pub async fn connect_nats_with(
                 .map_err(|_| anyhow::anyhow!("NATS_URL holds an invalid URL"))
         })
         .collect::<anyhow::Result<_>>()?;
-    let mut options = async_nats::ConnectOptions::new().name(name);
-    if let Some(server) = servers.iter().find(|s| s.username().is_some()) {
+    let mut options = async_nats::ConnectOptions::new()
+        .name(name)
+        .custom_inbox_prefix(format!("_INBOX.{name}"));
+    if let Some(refusals) = refusals {
+        options = options.event_callback(move |event| {
+            let refusals = refusals.clone();
+            async move {
+                if let async_nats::Event::ServerError(error) = event {
+                    let text = error.to_string();
+                    if text.to_lowercase().contains("permission") {
+                        refusals.note(text);
+                    }
+                }
+            }
+        });
+    }
+    if let Some((user, password)) = &security.user {
+        options = options.user_and_password(
+            user.clone(),
+            secrecy::ExposeSecret::expose_secret(password).to_owned(),
+        );
+    } else if let Some(server) = servers.iter().find(|s| s.username().is_some()) {
         let user = server.username().unwrap_or_default().to_owned();
         options = match server.password() {
             Some(password) => options.user_and_password(user, password.to_owned()),
@@ -203,17 +278,28 @@ pub fn stream_spec(common: &crate::config::Common) -> jetstream_outbox::publishe
     spec
 }
 
+/// Waits (see [`at_start_up`]) for the stream of `common` to exist: for a service that
+/// consumes it and may not create it.
+pub async fn await_stream(
+    jetstream: &async_nats::jetstream::Context,
+    common: &crate::config::Common,
+    refusals: &Refusals,
+) -> anyhow::Result<()> {
+    let found = || jetstream.get_stream(&common.stream);
+    at_start_up_unless_refused("the stream found", found, refusals).await?;
+    Ok(())
+}
+
 /// Creates or updates the stream of `common` (file storage, `{prefix}.>`), retrying while
 /// JetStream does not answer yet (see [`at_start_up`]).
 pub async fn ensure_stream(
     jetstream: &async_nats::jetstream::Context,
     common: &crate::config::Common,
+    refusals: &Refusals,
 ) -> anyhow::Result<()> {
     let spec = stream_spec(common);
-    at_start_up("the stream set up", || {
-        jetstream_outbox::publisher::ensure_stream(jetstream, &spec)
-    })
-    .await?;
+    let set_up = || jetstream_outbox::publisher::ensure_stream(jetstream, &spec);
+    at_start_up_unless_refused("the stream set up", set_up, refusals).await?;
     Ok(())
 }
 
@@ -225,7 +311,22 @@ pub const START_UP_WAIT: Duration = Duration::from_secs(60);
 /// to 2 s) and logging each; then fails with the last error. For the broker requests of
 /// start-up: a service started beside a broker that is still recovering waits for it rather
 /// than exit.
-pub async fn at_start_up<T, E, F, Fut>(what: &str, mut attempt: F) -> Result<T, E>
+pub async fn at_start_up<T, E, F, Fut>(what: &str, attempt: F) -> Result<T, E>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, E>>,
+    E: std::fmt::Display,
+{
+    at_start_up_unless_refused(what, attempt, &Refusals::default()).await
+}
+
+/// [`at_start_up`], giving up at once when the broker refused this service an operation
+/// (a permission its identity lacks): no retry grants it.
+pub async fn at_start_up_unless_refused<T, E, F, Fut>(
+    what: &str,
+    mut attempt: F,
+    refusals: &Refusals,
+) -> Result<T, E>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<T, E>>,
@@ -236,7 +337,10 @@ where
     loop {
         match attempt().await {
             Ok(done) => return Ok(done),
-            Err(error) if tokio::time::Instant::now() + pause < deadline => {
+            Err(error)
+                if tokio::time::Instant::now() + pause < deadline
+                    && refusals.recent().is_none() =>
+            {
                 tracing::warn!(error = %error, "{what} failed; retrying");
                 tokio::time::sleep(pause).await;
                 pause = (pause * 2).min(Duration::from_secs(2));

@@ -19,34 +19,57 @@ pub struct Base {
     pub pool: PgPool,
     /// The NATS connection, named after the service.
     pub nats: async_nats::Client,
+    /// What the broker refused this service.
+    pub refusals: infra::Refusals,
     listener: TcpListener,
+}
+
+/// What a service does with its stream at start-up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stream {
+    /// Creates it, or updates it to the settings (the publisher's identity manages it).
+    Manage,
+    /// Waits for it to exist (a consumer's identity may only read it).
+    Await,
 }
 
 impl Base {
     /// Connects to `DATABASE_URL` (creating the database if missing) and applies or checks
-    /// `migrations`, connects to NATS as `service`, creates or updates the stream, and binds
-    /// `LISTEN_ADDR`.
+    /// `migrations`, connects to NATS as `service`, creates or updates the stream (or waits for
+    /// it, as `stream` says), and binds `LISTEN_ADDR`.
     pub async fn build(
         common: &Common,
         service: &str,
         migrations: Vec<(&'static str, Migrator)>,
+        stream: Stream,
     ) -> anyhow::Result<Self> {
         let pool =
             infra::connect_db(common.database_url(), common.database_max_connections).await?;
         infra::prepare_schema(&pool, common.database_migrate, migrations).await?;
-        let nats = infra::connect_nats_with(
+        let (nats, refusals) = infra::connect_nats_watched(
             common.nats_url(),
             service,
             &infra::NatsSecurity::from(common),
         )
         .await?;
-        infra::ensure_stream(&async_nats::jetstream::new(nats.clone()), common).await?;
+        let jetstream = async_nats::jetstream::new(nats.clone());
+        let ready = match stream {
+            Stream::Manage => infra::ensure_stream(&jetstream, common, &refusals).await,
+            Stream::Await => infra::await_stream(&jetstream, common, &refusals).await,
+        };
+        if let Err(error) = ready {
+            return Err(match refusals.recent() {
+                Some(refused) => error.context(format!("NATS refused this service: {refused}")),
+                None => error,
+            });
+        }
         let listener = TcpListener::bind(&common.listen_addr)
             .await
             .with_context(|| format!("cannot listen on LISTEN_ADDR={}", common.listen_addr))?;
         Ok(Self {
             pool,
             nats,
+            refusals,
             listener,
         })
     }
@@ -56,6 +79,7 @@ impl Base {
         Health {
             pool: self.pool.clone(),
             nats: self.nats.clone(),
+            refusals: self.refusals.clone(),
         }
     }
 

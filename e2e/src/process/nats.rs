@@ -27,6 +27,8 @@ pub struct NatsServer {
     pub config: Option<String>,
     /// The nats-server program, when not the machine's own.
     pub program: Option<PathBuf>,
+    /// Its environment besides the test's (what its configuration reads).
+    pub env: Vec<(String, String)>,
     store: PathBuf,
     child: Option<Child>,
 }
@@ -122,21 +124,25 @@ impl NatsServer {
             max_payload: None,
             config: None,
             program: None,
+            env: Vec::new(),
             store,
             child: None,
         }
     }
 
     /// Starts a server whose configuration file holds `config` besides the command line's
-    /// settings; clients present `credentials` (user, password) in the URL when given.
+    /// settings, with `env` in its environment; clients present `credentials` (user, password)
+    /// in the URL when given.
     pub async fn start_with_config(
         dir: &Path,
         config: String,
+        env: Vec<(String, String)>,
         credentials: Option<(String, String)>,
     ) -> Self {
         let mut server = Self::unstarted(dir, None, None, None);
         server.credentials = credentials;
         server.config = Some(config);
+        server.env = env;
         server.restart().await;
         server
     }
@@ -193,6 +199,12 @@ impl NatsServer {
             }
         })
         .await;
+    }
+
+    /// The URL without credentials, for a client that presents its own.
+    pub fn plain_url(&self) -> String {
+        let scheme = if self.tls.is_some() { "tls" } else { "nats" };
+        format!("{scheme}://127.0.0.1:{}", self.port)
     }
 
     /// `nats://127.0.0.1:{port}` (with the credentials, if any), or `tls://…` with TLS.
@@ -303,6 +315,7 @@ impl NatsServer {
                     tls.key.clone().into_os_string(),
                 ]
             }))
+            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .kill_on_drop(true)

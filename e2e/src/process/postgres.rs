@@ -14,14 +14,28 @@ pub struct PgServer {
     /// Its port on 127.0.0.1.
     pub port: u16,
     dir: PathBuf,
+    /// The CA clients trust, when the server takes TLS connections only.
+    ca: Option<PathBuf>,
 }
 
 impl PgServer {
     /// Creates and starts a cluster under `dir`.
     pub async fn start(dir: &Path) -> Self {
+        Self::start_with(dir, None).await
+    }
+
+    /// Creates and starts a cluster under `dir` that takes TLS connections only, with the
+    /// server certificate of `tls` (for 127.0.0.1); clients verify it against its CA
+    /// (`sslmode=verify-full`), as a managed database asks.
+    pub async fn start_tls(dir: &Path, tls: &super::TlsFiles) -> Self {
+        Self::start_with(dir, Some(tls)).await
+    }
+
+    async fn start_with(dir: &Path, tls: Option<&super::TlsFiles>) -> Self {
         let server = Self {
             port: free_port(),
             dir: dir.join("pg"),
+            ca: tls.map(|tls| tls.ca.clone()),
         };
         std::fs::create_dir_all(&server.dir).expect("pg dir");
         if is_root() {
@@ -41,13 +55,58 @@ impl PgServer {
             &["-D", &data, "-A", "trust", "-U", "postgres", "--no-sync"],
         )
         .await;
+        if let Some(tls) = tls {
+            server.take_tls_only(tls).await;
+        }
         server.start_server().await;
         server
     }
 
-    /// The URL of database `name` on this server.
+    /// Installs `tls`'s certificate and key (the key readable by the server alone, as it
+    /// requires) and refuses every connection over TCP that is not TLS.
+    async fn take_tls_only(&self, tls: &super::TlsFiles) {
+        let data = PathBuf::from(self.data());
+        std::fs::copy(&tls.cert, data.join("server.crt")).expect("certificate copied");
+        std::fs::copy(&tls.key, data.join("server.key")).expect("key copied");
+        let settings = "\nssl = on\nssl_cert_file = 'server.crt'\nssl_key_file = 'server.key'\n";
+        let mut conf = std::fs::read_to_string(data.join("postgresql.conf")).expect("config");
+        conf.push_str(settings);
+        std::fs::write(data.join("postgresql.conf"), conf).expect("config written");
+        std::fs::write(
+            data.join("pg_hba.conf"),
+            "local all all trust\nhostssl all all 127.0.0.1/32 trust\n",
+        )
+        .expect("pg_hba written");
+        let mut fix = vec![(
+            "chmod",
+            vec![
+                "600".to_owned(),
+                data.join("server.key").display().to_string(),
+            ],
+        )];
+        if is_root() {
+            fix.push((
+                "chown",
+                vec![
+                    "-R".to_owned(),
+                    "postgres".to_owned(),
+                    data.display().to_string(),
+                ],
+            ));
+        }
+        for (program, args) in fix {
+            let status = Command::new(program).args(&args).status().await;
+            assert!(status.is_ok_and(|s| s.success()), "{program} {args:?}");
+        }
+    }
+
+    /// The URL of database `name` on this server (verifying its certificate, over TLS).
     pub fn database_url(&self, name: &str) -> String {
-        format!("postgres://postgres@127.0.0.1:{}/{name}", self.port)
+        let url = format!("postgres://postgres@127.0.0.1:{}/{name}", self.port);
+        match &self.ca {
+            Some(ca) => format!("{url}?sslmode=verify-full&sslrootcert={}", ca.display()),
+            None => url,
+        }
     }
 
     /// `pg_ctl stop -m immediate` (every backend killed, no checkpoint), then start again.

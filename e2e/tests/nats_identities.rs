@@ -1,0 +1,208 @@
+//! Least privilege on the broker: nats-server runs the services' identities of
+//! deploy/nats/accounts.conf (the docs' own file, with the test's names), each service logs in
+//! as its own, and the whole pipeline works; a client without credentials is refused; orders'
+//! identity cannot consume billing's messages or delete anything; billing's cannot publish an
+//! event (so only orders-service can make billing invoice) or touch another consumer. A
+//! permission withheld fails readiness naming it, and a refused publish is an outage: the event
+//! waits, never dead.
+
+use std::time::Duration;
+
+use async_nats::jetstream::{self, consumer::pull};
+use e2e::cluster::{Cluster, Setup};
+use e2e::eventually;
+use futures::StreamExt as _;
+use serde_json::json;
+
+/// How long a refused request is given: the broker answers a permission violation with an
+/// error of its own and nothing on the reply subject.
+const REFUSED_WITHIN: Duration = Duration::from_secs(3);
+
+/// A JetStream context of `user` on the cluster's server, with a short timeout.
+async fn as_user(cluster: &Cluster, user: &str, password: &str) -> jetstream::Context {
+    let client = async_nats::ConnectOptions::new()
+        .user_and_password(user.into(), password.into())
+        .custom_inbox_prefix(format!(
+            "_INBOX.{}",
+            if user == "orders" {
+                "orders-service"
+            } else {
+                "billing-service"
+            }
+        ))
+        .connect(cluster.nats[0].plain_url())
+        .await
+        .unwrap_or_else(|e| panic!("{user} logs in: {e}"));
+    jetstream::ContextBuilder::new()
+        .timeout(REFUSED_WITHIN)
+        .build(client)
+}
+
+/// Billing's identity cannot put an event on the stream, nor touch another consumer.
+async fn billings_identity_is_refused(
+    cluster: &Cluster,
+    password: &str,
+    stream: &str,
+    prefix: &str,
+) {
+    let billing = as_user(cluster, "billing", password).await;
+    let forged = async {
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert("ce-type", "OrderPlaced");
+        headers.insert("ce-id", uuid::Uuid::now_v7().to_string().as_str());
+        headers.insert("ce-subject", "forged-1");
+        let body =
+            json!({"orderId": "forged-1", "customer": "x", "totalMinor": 1, "status": "placed"});
+        billing
+            .publish_with_headers(
+                format!("{prefix}.OrderPlaced.forged-1"),
+                headers,
+                body.to_string().into(),
+            )
+            .await?
+            .await
+            .map(drop)
+            .map_err(Into::<Box<dyn std::error::Error + Send + Sync>>::into)
+    };
+    assert!(
+        forged.await.is_err(),
+        "billing's identity may not publish an event"
+    );
+    let handle = billing
+        .get_stream(&stream)
+        .await
+        .expect("billing reads its stream");
+    assert!(
+        handle
+            .create_consumer(pull::Config {
+                durable_name: Some("other".into()),
+                ..Default::default()
+            })
+            .await
+            .is_err(),
+        "billing's identity may not make another consumer"
+    );
+    assert!(
+        billing.delete_stream(stream).await.is_err(),
+        "billing's identity may not delete the stream"
+    );
+}
+
+/// Orders' identity cannot read billing's messages, nor delete its consumer or the stream.
+async fn orders_identity_is_refused(cluster: &Cluster, password: &str, stream: &str) {
+    let orders = as_user(cluster, "orders", password).await;
+    let handle = orders
+        .get_stream(&stream)
+        .await
+        .expect("orders reads its stream");
+    let stolen = async {
+        let consumer: async_nats::jetstream::consumer::PullConsumer = handle
+            .get_consumer("billing")
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut batch = consumer
+            .fetch()
+            .max_messages(1)
+            .messages()
+            .await
+            .map_err(|e| e.to_string())?;
+        match tokio::time::timeout(REFUSED_WITHIN, batch.next()).await {
+            Ok(Some(Ok(_))) => Ok(()),
+            _ => Err("nothing".to_owned()),
+        }
+    };
+    assert!(
+        stolen.await.is_err(),
+        "orders' identity may not pull billing's messages"
+    );
+    assert!(
+        handle.delete_consumer("billing").await.is_err(),
+        "orders' identity may not delete billing's consumer"
+    );
+    assert!(
+        orders.delete_stream(stream).await.is_err(),
+        "orders' identity may not delete the stream"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_orders_service_can_make_billing_invoice() {
+    let setup = Setup {
+        nats_identities: Some(&[]),
+        ..Setup::default()
+    };
+    let cluster = Cluster::start_with(1, 1, setup).await;
+    let load = cluster.load(2, false);
+    load.progress(50).await;
+
+    assert!(
+        async_nats::connect(cluster.nats[0].plain_url())
+            .await
+            .is_err(),
+        "a client without credentials is refused"
+    );
+    let identities = cluster.identities.clone().expect("identities");
+    let stream = cluster.names.stream.clone();
+    let prefix = cluster.names.prefix.clone();
+
+    billings_identity_is_refused(&cluster, &identities.billing, &stream, &prefix).await;
+    orders_identity_is_refused(&cluster, &identities.orders, &stream).await;
+
+    let ledger = load.finish().await;
+    cluster.check(&ledger).await.assert_clean();
+    let forged_invoices: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM invoices WHERE order_id = 'forged-1'")
+            .fetch_one(
+                &sqlx::PgPool::connect(&service_kit::testing::database_url(
+                    &cluster.names.billing_db,
+                ))
+                .await
+                .unwrap(),
+            )
+            .await
+            .unwrap();
+    assert_eq!(forged_invoices, 0);
+    cluster.stop().await;
+}
+
+/// orders-service's identity may not publish under the prefix (the permission withheld): its
+/// events wait, none dead, and `/readyz` fails naming the subject refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_withheld_permission_fails_readiness_and_makes_nothing_dead() {
+    const NO_PUBLISH: &[&str] = &["\"orders.>\""];
+    let setup = Setup {
+        nats_identities: Some(NO_PUBLISH),
+        ..Setup::default()
+    };
+    let cluster = Cluster::start_with(1, 1, setup).await;
+    let client = reqwest::Client::new();
+    let placed = client
+        .post(format!("{}/orders", cluster.orders[0].url))
+        .json(&json!({"id": "o-refused", "customer": "ada", "totalMinor": 100}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(placed.status(), 201);
+    let ready = format!("{}/readyz", cluster.orders[0].url);
+    let detail = eventually(
+        "/readyz to fail naming the refusal",
+        Duration::from_secs(30),
+        || async {
+            let answer = client.get(&ready).send().await.ok()?;
+            (answer.status() == 503).then_some(())?;
+            let problem: serde_json::Value = answer.json().await.ok()?;
+            let detail = problem["detail"].as_str()?.to_owned();
+            detail.contains("ermission").then_some(detail)
+        },
+    )
+    .await;
+    assert!(detail.contains(&cluster.names.prefix), "{detail}");
+    let (pending, dead): (i64, i64) = sqlx::query_as(
+        "SELECT count(*) FILTER (WHERE status = 'pending'), count(*) FILTER (WHERE status = 'dead') FROM outbox",
+    )
+    .fetch_one(cluster.orders_pool())
+    .await
+    .unwrap();
+    assert_eq!((pending, dead), (1, 0), "the event waits, not dead");
+    cluster.stop().await;
+}
