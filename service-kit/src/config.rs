@@ -173,13 +173,22 @@ pub struct Common {
     pub otel_service_name: Option<String>,
 }
 
-/// `command` with the service's own defaults of `DATABASE_URL` and `LISTEN_ADDR`.
+/// `command` with the service's own defaults of `DATABASE_URL` and `LISTEN_ADDR`, and each
+/// setting's value shown by its variable's name (`--nats-stream <NATS_STREAM>`), so that a
+/// refused value names the variable a reader set.
 pub fn with_defaults(
     command: clap::Command,
     database_url: &'static str,
     listen_addr: &'static str,
 ) -> clap::Command {
     command
+        .mut_args(|arg| match arg.get_env().and_then(|env| env.to_str()) {
+            Some(env) => {
+                let env = env.to_owned();
+                arg.value_name(env)
+            }
+            None => arg,
+        })
         .mut_arg("database_url", |arg| {
             arg.default_value(database_url).required(false)
         })
@@ -351,8 +360,10 @@ mod tests {
         common: Common,
     }
 
+    /// The settings from `args` alone: the variables the test runner sets are not read.
     fn parse(args: &[&str]) -> Result<Common, clap::Error> {
-        let command = with_defaults(Only::command(), "postgres://db/x", "127.0.0.1:0");
+        let command = with_defaults(Only::command(), "postgres://db/x", "127.0.0.1:0")
+            .mut_args(|arg| arg.env(None));
         let matches =
             command.try_get_matches_from(std::iter::once("test").chain(args.iter().copied()))?;
         Only::from_arg_matches(&matches).map(|only| only.common)
