@@ -116,7 +116,7 @@ impl Sweep {
     /// One sweep; returns how many messages it dead-lettered.
     ///
     /// It looks at the delivered sequences above both the ack floor and where the last sweep
-    /// stopped, that this process did not receive, reading at most [`SCAN`] of them: so each
+    /// stopped, that this process did not receive, reading at most `SCAN` of them: so each
     /// delivered message is looked at once between two cut connections, however long the
     /// floor stays where it is (an `OrderPaid` waiting for its `OrderPlaced` holds it), and
     /// the sweep never falls behind by more than it reads.

@@ -46,6 +46,18 @@ pub struct Applicable {
     change: Change,
 }
 
+impl Applicable {
+    /// The message's inbox key (its `ce-id`).
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// The digest of its type and body.
+    pub fn digest(&self) -> &Digest {
+        &self.digest
+    }
+}
+
 impl Rules {
     /// Rules over `inbox`; `max_retries` bounds how often a message may be not applicable yet.
     pub fn new(inbox: Inbox, max_retries: i64) -> Self {

@@ -17,7 +17,7 @@ GRANT SELECT, INSERT, UPDATE, DELETE ON outbox TO orders_app;
 -- through outbox_age_out, which runs as the owner (the role itself may not TRUNCATE).
 GRANT SELECT, INSERT, DELETE ON outbox_published TO orders_app;
 -- The relay's checks of the stream against what it published.
-GRANT SELECT, INSERT, DELETE ON outbox_stream_checks TO orders_app;
+GRANT SELECT, INSERT, UPDATE, DELETE ON outbox_stream_checks TO orders_app;
 GRANT SELECT ON outbox_events TO orders_app;
 GRANT EXECUTE ON FUNCTION outbox_age_out(INTERVAL) TO orders_app;
 -- Read only: start-up checks that every migration was applied.

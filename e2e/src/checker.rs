@@ -231,9 +231,10 @@ async fn check_stream(
         .expect("messages");
     let mut read = 0;
     while read < last {
-        let next = tokio::time::timeout(Duration::from_secs(30), messages.next())
-            .await
-            .expect("the stream's next message within 30 s");
+        let Ok(next) = tokio::time::timeout(Duration::from_secs(30), messages.next()).await else {
+            let now = stream.get_info().await.map(|info| info.state);
+            panic!("no message of the stream within 30 s after {read} (of {last}): {now:?}");
+        };
         // An error (a missed heartbeat) is the ordered consumer's to recover from.
         let Some(Ok(message)) = next else {
             assert!(next.is_some(), "the stream's messages ended early");
@@ -241,6 +242,10 @@ async fn check_stream(
         };
         let info = message.info().expect("JetStream message");
         read = info.stream_sequence;
+        if info.pending == 0 {
+            // The stream's newest message: any after `last` came since.
+            read = read.max(last);
+        }
         let stored = info.published.unix_timestamp_nanos();
         let headers = message.headers.clone().unwrap_or_default();
         let header = |name: &str| {

@@ -8,10 +8,11 @@
 //! - [`load`]: a steady load of orders whose outcome is always known in the end;
 //! - [`identities`]: the services' identities on the broker, with a test's names;
 //! - [`docs`]: the documents generated from the code (the configuration reference);
+//! - [`promtool`]: Prometheus' tool, for the metrics served and the alert rules shipped;
 //! - [`checker`]: lost, duplicated, unexpected, wrongly totalled and out-of-order, after a
 //!   scenario drained;
-//! - [`bench`]: the benchmark behind BENCHMARKS.md's figures (`cargo run --release -p e2e --bin
-//!   bench`).
+//! - [`bench`](mod@bench): the benchmark behind BENCHMARKS.md's figures
+//!   (`cargo run --release -p e2e --bin bench`).
 
 pub mod bench;
 pub mod checker;
@@ -20,6 +21,7 @@ pub mod docs;
 pub mod identities;
 pub mod load;
 pub mod process;
+pub mod promtool;
 pub mod proxy;
 
 use std::time::Duration;
@@ -107,6 +109,17 @@ impl RunningApp {
 
     /// Starts billing-service.
     pub async fn billing(config: billing_service::Config) -> Self {
+        // The stream is orders-service's to make, and billing waits for it: a test that starts
+        // billing first makes it as orders-service would.
+        let nats = service_kit::infra::connect_nats(config.common.nats_url(), "e2e-setup")
+            .await
+            .expect("NATS");
+        jetstream_outbox::publisher::ensure_stream(
+            &async_nats::jetstream::new(nats),
+            &service_kit::infra::stream_spec(&config.common),
+        )
+        .await
+        .expect("the stream made");
         let app = billing_service::App::build(config)
             .await
             .expect("billing-service starts");

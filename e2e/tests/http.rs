@@ -1,5 +1,6 @@
 //! Over HTTP with both services running: an order becomes exactly one invoice.
 
+use std::path::Path;
 use std::time::Duration;
 
 use e2e::{Stack, eventually};
@@ -127,38 +128,14 @@ async fn an_order_becomes_exactly_one_invoice_and_a_repeated_post_is_safe() {
 
 /// Prometheus' own linter (`promtool check metrics`) has nothing to say of `metrics`: every
 /// family has its HELP, counters end in `_total`, units are in the names, no two families
-/// collide. Where promtool is not installed the check is skipped, and fails under CI
-/// (`scripts/test` installs it).
+/// collide.
 fn promtool_finds_nothing(metrics: &str, service: &str) {
-    use std::io::Write as _;
-    let child = std::process::Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn();
-    let Ok(mut child) = child else {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "promtool is not installed, and CI requires its check"
-        );
-        eprintln!("promtool is not installed: {service}'s metrics not linted");
+    let Some(said) = e2e::promtool::run(&["check", "metrics"], Path::new("."), metrics) else {
         return;
     };
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(metrics.as_bytes())
-        .expect("metrics written to promtool");
-    let output = child.wait_with_output().expect("promtool ran");
-    let said = format!(
-        "{}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
     assert!(
-        output.status.success() && said.trim().is_empty(),
-        "promtool check metrics, on {service}'s /metrics:\n{said}"
+        said.success && said.text.trim().is_empty(),
+        "promtool check metrics, on {service}'s /metrics:\n{}",
+        said.text
     );
 }

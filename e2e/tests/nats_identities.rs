@@ -125,6 +125,36 @@ async fn orders_identity_is_refused(cluster: &Cluster, password: &str, stream: &
     );
 }
 
+/// Orders' identity may look for an event in the stream, as the relay does before publishing
+/// again one whose acknowledgement it missed.
+async fn orders_identity_finds_a_stored_event(cluster: &Cluster, password: &str, stream: &str) {
+    use jetstream_outbox::{Message, Publisher as _};
+    let orders = as_user(cluster, "orders", password).await;
+    let first = orders
+        .get_stream(stream)
+        .await
+        .expect("orders reads its stream")
+        .get_raw_message(1)
+        .await
+        .expect("orders reads a message");
+    let id = first
+        .headers
+        .get(async_nats::header::NATS_MESSAGE_ID)
+        .and_then(|id| id.as_str().parse().ok())
+        .expect("the message's id");
+    let message = Message::new(
+        id,
+        first.subject.as_str(),
+        async_nats::HeaderMap::new(),
+        bytes::Bytes::new(),
+    );
+    let found = jetstream_outbox::JetStreamPublisher::new(orders)
+        .stored(&message)
+        .await
+        .expect("orders may look");
+    assert_eq!(found.map(|ack| ack.stream_seq), Some(1));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_orders_service_can_make_billing_invoice() {
     let setup = Setup {
@@ -147,6 +177,7 @@ async fn only_orders_service_can_make_billing_invoice() {
 
     billings_identity_is_refused(&cluster, &identities.billing, &stream, &prefix).await;
     orders_identity_is_refused(&cluster, &identities.orders, &stream).await;
+    orders_identity_finds_a_stored_event(&cluster, &identities.orders, &stream).await;
 
     let ledger = load.finish().await;
     cluster.check(&ledger).await.assert_clean();

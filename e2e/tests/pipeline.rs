@@ -21,7 +21,7 @@ use tokio::sync::Notify;
 #[tokio::test]
 async fn twenty_orders_survive_broker_faults_and_lost_acks() {
     let names = Names::unique();
-    // Billing first: it creates the stream and its durable consumer.
+    // Billing first: the stream made for it, it creates its durable consumer.
     let billing = RunningApp::billing(names.billing_config()).await;
     e2e::checker::log_applications(&billing.pool).await;
     let config = names.orders_config();
@@ -56,7 +56,7 @@ async fn twenty_orders_survive_broker_faults_and_lost_acks() {
         0
     );
 
-    // The broker dropped the re-sent copies of the four stored messages.
+    // The relay found the four stored messages rather than send them again.
     let stream_messages = stream_messages(&jetstream, &names.stream).await;
     assert_eq!(stream_messages, 20);
 

@@ -117,9 +117,10 @@ pub enum PublishError {
     /// was published. Transient: never counts toward `max_attempts`.
     #[error("no stream for the subject")]
     StreamNotFound(#[source] BoxError),
-    /// The stream or its account has no room left (JetStream's storage limits): nothing was
-    /// published. An outage, not a refusal: transient, never counts toward `max_attempts`, and
-    /// the relay retries until room is made.
+    /// The stream or its account has no room left (JetStream's storage limits). An outage, not
+    /// a refusal: transient, never counts toward `max_attempts`, and the relay retries until
+    /// room is made. The message is not stored as a rule, but may be (see
+    /// [`PublishError::may_be_stored`]).
     #[error("the broker's storage is full")]
     StorageFull(#[source] BoxError),
 }
@@ -132,6 +133,15 @@ impl PublishError {
             self,
             Self::NoAck(_) | Self::Unreachable(_) | Self::StreamNotFound(_) | Self::StorageFull(_)
         )
+    }
+
+    /// Whether the broker may have stored the message although the publish failed: no
+    /// acknowledgement came, or the account had no room (JetStream finds that out after
+    /// storing the message, then removes it; a crash before the removal reached its disk
+    /// brings the message back, its id unknown to the duplicate window). Before publishing
+    /// such an event again, the relay looks for it in the stream ([`crate::Publisher::stored`]).
+    pub fn may_be_stored(&self) -> bool {
+        matches!(self, Self::NoAck(_) | Self::StorageFull(_))
     }
 
     /// The error with its causes on one line, as stored in `last_error`.

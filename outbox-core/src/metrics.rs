@@ -31,6 +31,12 @@ pub fn describe() {
          publishing again."
     );
     describe_counter!(
+        "outbox_found_stored_total",
+        Unit::Count,
+        "Events whose earlier publish had no clear answer, found in the stream and so not \
+         published again."
+    );
+    describe_counter!(
         "outbox_relay_claims_total",
         Unit::Count,
         "The relay's claims, by outcome: rows found, or empty."

@@ -76,6 +76,21 @@ pub trait Publisher: Send + Sync {
     fn reachable(&self) -> impl Future<Output = Option<bool>> + Send {
         std::future::ready(None)
     }
+
+    /// Where the stream holds `message`, if it does: asked before publishing again an event
+    /// whose earlier publish may have been stored unacknowledged
+    /// ([`PublishError::may_be_stored`]), since the broker's duplicate window may not drop the
+    /// copy (the window passed, or the broker never noted the id). The relay publishes only
+    /// one event per aggregate at a time, so the newest message on the event's subject is it,
+    /// if anything is. `Ok(None)`: not stored, or the publisher cannot tell; the message is
+    /// published again.
+    fn stored(
+        &self,
+        message: &Message,
+    ) -> impl Future<Output = Result<Option<Ack>, PublishError>> + Send {
+        let _ = message;
+        std::future::ready(Ok(None))
+    }
 }
 
 /// Publishes to JetStream with pipelined acknowledgements.
@@ -171,6 +186,50 @@ impl Publisher for JetStreamPublisher {
             results.extend(self.publish_window(window).await);
         }
         results
+    }
+
+    /// The newest message on the subject, through the stream that captures it.
+    async fn stored(&self, message: &Message) -> Result<Option<Ack>, PublishError> {
+        let unreachable =
+            |error: Box<dyn std::error::Error + Send + Sync>| PublishError::Unreachable(error);
+        let stream = self
+            .context
+            .stream_by_subject(message.subject.as_str())
+            .await;
+        let name = match stream {
+            Ok(name) => name,
+            // No stream captures the subject: nothing is stored.
+            Err(error)
+                if matches!(
+                    error.kind(),
+                    jetstream::context::GetStreamByNameErrorKind::NotFound
+                ) =>
+            {
+                return Ok(None);
+            }
+            Err(error) => return Err(unreachable(Box::new(error))),
+        };
+        let stream = self
+            .context
+            .get_stream_no_info(&name)
+            .await
+            .map_err(|error| unreachable(Box::new(error)))?;
+        match stream
+            .get_last_raw_message_by_subject(&message.subject)
+            .await
+        {
+            Ok(newest) => {
+                let id = newest.headers.get(async_nats::header::NATS_MESSAGE_ID);
+                let ours = id.is_some_and(|id| id.as_str() == message.id.to_string());
+                Ok(ours.then(|| Ack::new(newest.sequence, true)))
+            }
+            Err(error)
+                if error.kind() == jetstream::stream::LastRawMessageErrorKind::NoMessageFound =>
+            {
+                Ok(None)
+            }
+            Err(error) => Err(unreachable(Box::new(error))),
+        }
     }
 
     /// JetStream answers its account-info request (bounded by the context's timeout). Read as

@@ -214,6 +214,10 @@ impl<P: Publisher> Publisher for FaultyPublisher<P> {
     async fn reachable(&self) -> Option<bool> {
         self.inner.reachable().await
     }
+
+    async fn stored(&self, message: &Message) -> Result<Option<Ack>, PublishError> {
+        self.inner.stored(message).await
+    }
 }
 
 /// Polls `check` every 20 ms until it returns `Some`, and panics naming `what` after `limit`.

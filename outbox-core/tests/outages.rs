@@ -1,6 +1,7 @@
 //! Outages the relay rides out without making an event dead or flooding the stream: a broker
-//! with no room left, and a record that fails after its publishes. In a test binary of its
-//! own: the gauges and counters they read live in the process-wide metrics recorder.
+//! with no room left, a record that fails after its publishes, an acknowledgement lost for a
+//! message the broker stored. In a test binary of its own: the gauges and counters they read
+//! live in the process-wide metrics recorder.
 
 mod common;
 
@@ -9,7 +10,7 @@ use std::time::Duration;
 
 use async_nats::jetstream::stream::DiscardPolicy;
 use common::{TestStream, count, enqueue, migrate};
-use jetstream_outbox::testing::{FaultyPublisher, eventually};
+use jetstream_outbox::testing::{Fault, FaultyPublisher, eventually};
 use jetstream_outbox::{Relay, outbox};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use serde_json::json;
@@ -146,5 +147,79 @@ async fn a_record_that_fails_backs_off_without_publishing_again(
     .execute(&pool)
     .await
     .unwrap();
+    stream.delete().await;
+}
+
+/// The stream of `stream` with a duplicate window of one second, so that a scenario can wait
+/// it out; the broker's own default is two minutes, which an outage also outlasts.
+async fn with_short_window(stream: &TestStream) -> Duration {
+    let window = Duration::from_secs(1);
+    let mut config = stream.stream().await.cached_info().config.clone();
+    config.duplicate_window = window;
+    stream.jetstream.update_stream(&config).await.unwrap();
+    window
+}
+
+/// An event whose acknowledgement was lost (the broker stored it) and which is published again
+/// only after the broker's duplicate window: the relay finds it in the stream and records it
+/// published where the broker stored it, instead of storing a second copy. An earlier event of
+/// the same subject, published before, is not taken for it.
+#[sqlx::test(migrations = false)]
+async fn an_unacknowledged_event_retried_past_the_window_is_not_stored_twice(pool: PgPool) {
+    migrate(&pool).await;
+    let stream = TestStream::new().await;
+    let window = with_short_window(&stream).await;
+    enqueue(&pool, "o1", "OrderPlaced", json!({"n": 1})).await;
+    let plain = Relay::new(pool.clone(), stream.publisher(), stream.relay_config());
+    assert_eq!(plain.run_once().await.unwrap().published, 1);
+
+    enqueue(&pool, "o1", "OrderPlaced", json!({"n": 2})).await;
+    let lossy = FaultyPublisher::new(stream.publisher()).with_faults([Fault::After]);
+    let relay = Relay::new(pool.clone(), lossy, stream.relay_config());
+    assert_eq!(relay.run_once().await.unwrap().failed, 1);
+    assert_eq!(stream.published().await.len(), 2, "stored, unacknowledged");
+    // The broker's window is a time: the scenario waits it out.
+    tokio::time::sleep(window * 2).await;
+
+    assert_eq!(relay.run_once().await.unwrap().published, 1);
+    assert_eq!(stream.published().await.len(), 2, "no second copy");
+    let stream_seqs: Vec<Option<i64>> =
+        sqlx::query_scalar("SELECT stream_seq FROM outbox_published ORDER BY seq")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(stream_seqs, [Some(1), Some(2)]);
+    stream.delete().await;
+}
+
+/// The same, but the stream does not hold the event (an operator removed it, as a broker that
+/// never stored an unacknowledged message would have, and its window passed): it is published
+/// again.
+#[sqlx::test(migrations = false)]
+async fn an_unacknowledged_event_the_stream_lacks_is_published_again(pool: PgPool) {
+    migrate(&pool).await;
+    let stream = TestStream::new().await;
+    let window = with_short_window(&stream).await;
+    enqueue(&pool, "o1", "OrderPlaced", json!({})).await;
+    let lossy = FaultyPublisher::new(stream.publisher()).with_faults([Fault::After]);
+    let relay = Relay::new(pool.clone(), lossy, stream.relay_config());
+    assert_eq!(relay.run_once().await.unwrap().failed, 1);
+    let maybe: bool = sqlx::query_scalar("SELECT maybe_published FROM outbox")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert!(maybe, "the lost acknowledgement is remembered");
+    stream.stream().await.delete_message(1).await.unwrap();
+    // Within the window the broker would answer a copy as a duplicate of what it removed.
+    tokio::time::sleep(window * 2).await;
+
+    assert_eq!(relay.run_once().await.unwrap().published, 1);
+    let published = stream.published().await;
+    assert_eq!(published.len(), 1, "{published:?}");
+    let stream_seq: Option<i64> = sqlx::query_scalar("SELECT stream_seq FROM outbox_published")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(stream_seq, Some(2));
     stream.delete().await;
 }

@@ -423,10 +423,11 @@ async fn the_migration_grants_what_the_outbox_grants_implied(pool: PgPool) {
              ('outbox_events SELECT', has_table_privilege($1, 'outbox_events', 'SELECT')),
              ('outbox_age_out EXECUTE',
               has_function_privilege($1, 'outbox_age_out(interval)', 'EXECUTE')),
-             ('outbox_stream_checks SELECT, INSERT, DELETE',
-              has_table_privilege($1, 'outbox_stream_checks', 'SELECT, INSERT, DELETE')),
-             ('outbox_stream_checks UPDATE',
-              has_table_privilege($1, 'outbox_stream_checks', 'UPDATE'))
+             ('outbox_stream_checks SELECT, INSERT, UPDATE, DELETE',
+              has_table_privilege($1, 'outbox_stream_checks', 'SELECT')
+              AND has_table_privilege($1, 'outbox_stream_checks', 'INSERT')
+              AND has_table_privilege($1, 'outbox_stream_checks', 'UPDATE')
+              AND has_table_privilege($1, 'outbox_stream_checks', 'DELETE'))
          ) AS c(check_, holds)
          WHERE holds",
     )
@@ -450,7 +451,7 @@ async fn the_migration_grants_what_the_outbox_grants_implied(pool: PgPool) {
             "outbox_published DELETE",
             "outbox_events SELECT",
             "outbox_age_out EXECUTE",
-            "outbox_stream_checks SELECT, INSERT, DELETE"
+            "outbox_stream_checks SELECT, INSERT, UPDATE, DELETE"
         ]
     );
 }

@@ -93,9 +93,10 @@ impl Consumer {
 
     /// Handles messages until `shutdown` is cancelled; messages in hand are finished first.
     ///
-    /// [`Batcher`] decides which messages each transaction applies: as few transactions as
-    /// keep up, and one order's messages (by `ce-subject`) one after another in the order they
-    /// arrive, while different orders' transactions may commit side by side.
+    /// The [`Batcher`](crate::batcher::Batcher) decides which messages each transaction
+    /// applies: as few transactions as keep up, and one order's messages (by `ce-subject`) one
+    /// after another in the order they arrive, while different orders' transactions may commit
+    /// side by side.
     pub async fn run(self, shutdown: CancellationToken) {
         tracing::info!(consumer = %self.config.name, "consumer started");
         let consumer = Arc::new(self);
@@ -180,10 +181,12 @@ impl Consumer {
         let mut verdicts: Vec<Option<Verdict>> = Vec::with_capacity(in_hand.len());
         let mut applicable = Vec::new();
         for (i, message) in in_hand.iter().enumerate() {
-            let prepared = match self.too_old(&message.message, &message.headers) {
-                Some(reason) => Err(Verdict::Dead(DeadReason::TooOld(reason))),
-                None => Rules::prepare(&message.headers, &message.message.payload),
-            };
+            let mut prepared = Rules::prepare(&message.headers, &message.message.payload);
+            if let Ok(applicable) = &prepared
+                && let Some(reason) = self.too_old(&message.message, &message.headers)
+            {
+                prepared = Err(self.too_old_verdict(applicable, reason).await);
+            }
             match prepared {
                 Ok(change) => {
                     applicable.push((i, change));
@@ -199,6 +202,30 @@ impl Consumer {
         for (message, verdict) in in_hand.into_iter().zip(verdicts) {
             let verdict = verdict.unwrap_or_else(|| Verdict::Retry("not decided".into()));
             self.settle(message, verdict).await;
+        }
+    }
+
+    /// The verdict on a message too old to deduplicate: a duplicate when its record is still
+    /// there (the inbox keeps records at least the retention, often longer), else a dead
+    /// letter rather than a risk of applying it twice.
+    async fn too_old_verdict(&self, applicable: &Applicable, reason: String) -> Verdict {
+        match self
+            .rules
+            .inbox()
+            .is_recorded(applicable.id(), applicable.digest())
+            .await
+        {
+            Ok(true) => {
+                tracing::info!(
+                    "a copy older than the inbox retention, still recorded: a duplicate"
+                );
+                Verdict::Ack
+            }
+            Ok(false) => Verdict::Dead(DeadReason::TooOld(reason)),
+            Err(error) => {
+                tracing::warn!(error = ?error, "cannot look the message up; delivered again later");
+                Verdict::Retry("a transient failure; see the logs".into())
+            }
         }
     }
 

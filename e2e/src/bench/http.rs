@@ -316,13 +316,7 @@ pub async fn steady(
         filled.copy_into(&names).await?;
     }
     let logs = log_dir();
-    // Billing first: it creates the stream and its durable consumer.
-    let mut billing = Service::start(
-        Kind::Billing,
-        env(&names, &names.billing_db, &testing::nats_url()),
-        &logs,
-    )
-    .await;
+    // orders-service first: it makes the stream, which billing waits for.
     let mut services = Vec::with_capacity(instances);
     for instance in 0..instances {
         let mut env = env(&names, &names.orders_db, &testing::nats_url());
@@ -333,6 +327,12 @@ pub async fn steady(
         }
         services.push(Service::start(Kind::Orders, env, &logs).await);
     }
+    let mut billing = Service::start(
+        Kind::Billing,
+        env(&names, &names.billing_db, &testing::nats_url()),
+        &logs,
+    )
+    .await;
     let client = reqwest::Client::new();
     let urls: Vec<String> = services
         .iter()

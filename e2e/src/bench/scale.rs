@@ -50,17 +50,17 @@ pub async fn scale(
         env
     };
     let mut services = Vec::new();
-    // Billing first: it creates the stream and its durable consumer.
-    for _ in 0..replicas {
-        let env = with_replicas(env(&names, &names.billing_db, &nats_url));
-        services.push(Service::start(Kind::Billing, env, &logs).await);
-    }
+    // orders-service first: it makes the stream, which billing waits for.
     let mut urls = Vec::new();
     for _ in 0..replicas {
         let env = with_replicas(env(&names, &names.orders_db, &nats_url));
         let orders = Service::start(Kind::Orders, env, &logs).await;
         urls.push(orders.url.clone());
         services.push(orders);
+    }
+    for _ in 0..replicas {
+        let env = with_replicas(env(&names, &names.billing_db, &nats_url));
+        services.push(Service::start(Kind::Billing, env, &logs).await);
     }
 
     let accepted_per_sec = hammer(&urls, connections, length).await?;

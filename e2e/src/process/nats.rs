@@ -244,36 +244,67 @@ impl NatsServer {
         })
     }
 
-    /// Starts the server again on the same port and store.
-    pub async fn restart(&mut self) {
-        let server = self.program();
-        // What the command line cannot set goes into a configuration file.
+    /// Writes what the command line cannot set to a configuration file, if anything, with
+    /// JetStream's store (a reload that found JetStream set on the command line only would
+    /// turn it off).
+    fn write_config(&self) -> Option<PathBuf> {
         let lines: Vec<String> = self
             .max_payload
             .map(|bytes| format!("max_payload: {bytes}"))
             .into_iter()
             .chain(self.config.clone())
             .collect();
-        let config = (!lines.is_empty()).then(|| {
+        (!lines.is_empty()).then(|| {
             let path = self.store.with_extension("conf");
-            std::fs::write(&path, lines.join("\n") + "\n").expect("config written");
+            let jetstream = format!("jetstream {{ store_dir: \"{}\" }}", self.store.display());
+            std::fs::write(&path, format!("{jetstream}\n{}\n", lines.join("\n")))
+                .expect("config written");
             path
-        });
+        })
+    }
+
+    /// Has the running server read its configuration again (SIGHUP), as an operator changes a
+    /// limit without a restart.
+    pub async fn reload(&self) {
+        let config = self.write_config();
+        assert!(config.is_some(), "a reload reads a configuration file");
+        let pid = self
+            .child
+            .as_ref()
+            .and_then(tokio::process::Child::id)
+            .expect("nats-server running");
+        let sent = Command::new("kill")
+            .args(["-HUP", &pid.to_string()])
+            .status()
+            .await
+            .expect("kill runs");
+        assert!(sent.success(), "SIGHUP sent");
+    }
+
+    /// Starts the server again on the same port and store.
+    pub async fn restart(&mut self) {
+        let server = self.program();
+        let config = self.write_config();
         let child = Command::new(server)
             .args(
                 config
                     .iter()
                     .flat_map(|path| ["-c".into(), path.clone().into_os_string()]),
             )
-            .args([
-                "-a",
-                "127.0.0.1",
-                "-p",
-                &self.port.to_string(),
-                "-js",
-                "-sd",
-            ])
-            .arg(&self.store)
+            .args(["-a", "127.0.0.1", "-p", &self.port.to_string()])
+            .args(
+                config
+                    .is_none()
+                    .then(|| {
+                        [
+                            "-js".into(),
+                            "-sd".into(),
+                            self.store.clone().into_os_string(),
+                        ]
+                    })
+                    .into_iter()
+                    .flatten(),
+            )
             .arg("-l")
             .arg(self.store.with_extension("log"))
             .args(

@@ -16,6 +16,10 @@
 -- * A republished event keeps when it was first published: `outbox.published_at`, unused since
 --   published rows leave the outbox, holds it for an event moved back, and the relay sends it
 --   to consumers (`ce-firstpublishedtime`), who judge a message's age from it.
+-- * A publish whose outcome is unknown (no acknowledgement; a full account, which JetStream
+--   answers for a message it stored and removed, a removal a crash can undo) is remembered
+--   (`outbox.maybe_published`): before publishing the event again, the relay looks for it in
+--   the stream, since the broker's duplicate window may not drop the copy.
 
 ALTER TABLE outbox
     ADD CONSTRAINT outbox_aggregate_type_is_a_token
@@ -46,6 +50,9 @@ BEGIN
     RETURN event_id;
 END
 $$;
+
+-- A constant default: adding it rewrites nothing.
+ALTER TABLE outbox ADD COLUMN maybe_published BOOLEAN NOT NULL DEFAULT false;
 
 -- Nullable, no default: adding it rewrites nothing. NULL for events published before.
 ALTER TABLE outbox_published ADD COLUMN stream_seq BIGINT;
@@ -84,7 +91,7 @@ BEGIN
         WHERE c.oid = 'outbox'::regclass AND a.grantee NOT IN (0, c.relowner)
           AND a.privilege_type = 'UPDATE'
     LOOP
-        EXECUTE format('GRANT SELECT, INSERT, DELETE ON outbox_stream_checks TO %s',
+        EXECUTE format('GRANT SELECT, INSERT, UPDATE, DELETE ON outbox_stream_checks TO %s',
                        grant_.grantee);
         EXECUTE format('GRANT DELETE ON outbox_published TO %s', grant_.grantee);
     END LOOP;

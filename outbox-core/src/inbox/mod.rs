@@ -461,6 +461,16 @@ impl Inbox {
         Ok(outcomes)
     }
 
+    /// Whether message `id` with `digest` is recorded as applied (a copy of it is a duplicate),
+    /// without recording anything: for a consumer that must not apply a message it cannot
+    /// deduplicate (older than its retention), yet need not dead-letter one it can.
+    pub async fn is_recorded(&self, id: &str, digest: &Digest) -> sqlx::Result<bool> {
+        let found = storage::recorded_digest(&self.pool, &self.consumer, id).await?;
+        Ok(found.is_some_and(|recorded| {
+            recorded.is_none_or(|recorded| recorded.as_slice() == digest.as_bytes())
+        }))
+    }
+
     /// Keeps a message that cannot be parsed or applied, and returns the dead letter's id.
     ///
     /// A redelivery (`deliveries` above 1) of a message this consumer holds an open letter of,

@@ -57,6 +57,31 @@ pub(crate) async fn record(
     Ok(recorded)
 }
 
+/// The digest recorded for message `id` of `consumer` (`Some(None)`: recorded without one, by
+/// an early version), or `None` when it is not recorded; reads the older tables too.
+pub(crate) async fn recorded_digest(
+    pool: &PgPool,
+    consumer: &str,
+    id: &str,
+) -> sqlx::Result<Option<Option<Vec<u8>>>> {
+    let found = sqlx::query!(
+        r#"
+        SELECT digest FROM inbox_entries
+        WHERE consumer = $1 AND key = inbox_key($2) AND day = inbox_day(inbox_key($2))
+        UNION ALL
+        SELECT digest FROM inbox_records WHERE consumer = $1 AND key = inbox_key($2)
+        UNION ALL
+        SELECT digest FROM inbox WHERE consumer = $1 AND message_id = $2
+        LIMIT 1
+        "#,
+        consumer,
+        id,
+    )
+    .fetch_optional(pool)
+    .await?;
+    Ok(found.map(|row| row.digest))
+}
+
 /// Records the ids of `ids` not recorded yet and returns them, counting them in `slot`.
 async fn insert_new(
     conn: &mut PgConnection,

@@ -236,6 +236,7 @@ impl<P: Publisher> Relay<P> {
     /// as soon as the passes ahead of them are recorded.
     pub async fn run(self, shutdown: CancellationToken) {
         tracing::info!(prefix = %self.config.subject_prefix, "relay started");
+        start_metrics(self.watch.is_some());
         let mut scheduler = Scheduler::new(&self);
         loop {
             match scheduler.round(&shutdown).await {
@@ -303,4 +304,29 @@ impl<P: Publisher> Relay<P> {
             metrics::gauge!("outbox_broker_unreachable").set(1.0);
         }
     }
+}
+
+/// Makes the relay's series exist from its start, at zero: `rate()`, `increase()` and the
+/// alerts on them see a relay that has had nothing to count yet.
+fn start_metrics(repairs: bool) {
+    for counter in [
+        "outbox_published_total",
+        "outbox_publish_failures_total",
+        "outbox_dead_total",
+        "outbox_record_failures_total",
+        "outbox_found_stored_total",
+    ] {
+        metrics::counter!(counter).increment(0);
+    }
+    for outcome in ["rows", "empty"] {
+        metrics::counter!("outbox_relay_claims_total", "outcome" => outcome).increment(0);
+    }
+    if repairs {
+        metrics::counter!("outbox_republished_total").increment(0);
+        for outcome in ["ok", "failed"] {
+            metrics::counter!("outbox_stream_checks_total", "outcome" => outcome).increment(0);
+        }
+    }
+    metrics::gauge!("outbox_broker_unreachable").set(0.0);
+    metrics::gauge!("outbox_broker_storage_full").set(0.0);
 }

@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 
 use super::storage::{self, Claimed, Failures};
 use super::{BatchReport, Relay};
-use crate::{Ack, PublishError, Publisher};
+use crate::{Ack, Message, PublishError, Publisher};
 
 impl<P: Publisher> Relay<P> {
     /// Claims due rows in a new transaction, which stays open, holding them, until
@@ -116,7 +116,7 @@ impl<P: Publisher> Relay<P> {
             // Any stream sequence acknowledged from here on is above this one, unless the
             // stream lost what it had stored.
             let floor = self.acked_high.load(Ordering::Acquire);
-            let results = self.publisher.publish(messages).await;
+            let results = self.publish_unless_stored(&wave, messages).await;
             for ((aggregate, row), result) in wave.into_iter().zip(results) {
                 match self.settle(&mut pass, &row, result, floor) {
                     Settled::Published => reached = true,
@@ -135,6 +135,65 @@ impl<P: Publisher> Relay<P> {
         // An error here is the record's to report.
         let _ = self.renew_lease(&mut pass.tx, since).await;
         pass
+    }
+
+    /// Publishes a wave's messages, except those an earlier publish may have stored
+    /// unacknowledged which the stream is found to hold: their outcome is where it holds them.
+    /// The results are in the wave's order.
+    async fn publish_unless_stored(
+        &self,
+        wave: &[(usize, Claimed)],
+        messages: Vec<Message>,
+    ) -> Vec<Result<Ack, PublishError>> {
+        let known: Vec<Option<Result<Ack, PublishError>>> = futures::future::join_all(
+            wave.iter()
+                .zip(&messages)
+                .map(|((_, row), message)| self.stored(row, message)),
+        )
+        .await;
+        let unknown: Vec<Message> = messages
+            .into_iter()
+            .zip(&known)
+            .filter_map(|(message, known)| known.is_none().then_some(message))
+            .collect();
+        let mut sent = if unknown.is_empty() {
+            Vec::new()
+        } else {
+            self.publisher.publish(unknown).await
+        }
+        .into_iter();
+        known
+            .into_iter()
+            .map(|known| {
+                known.unwrap_or_else(|| {
+                    sent.next().unwrap_or_else(|| {
+                        Err(PublishError::NoAck(
+                            "the publisher returned no result".into(),
+                        ))
+                    })
+                })
+            })
+            .collect()
+    }
+
+    /// Where the stream holds `row`'s message if an earlier publish may have stored it and it
+    /// does, or why the stream could not be asked; `None`: publish it.
+    async fn stored(&self, row: &Claimed, message: &Message) -> Option<Result<Ack, PublishError>> {
+        if !row.maybe_published {
+            return None;
+        }
+        match self.publisher.stored(message).await {
+            Ok(Some(ack)) => {
+                tracing::info!(
+                    event.id = %row.id, stream.seq = ack.stream_seq,
+                    "an earlier publish with no clear answer was stored: not published again"
+                );
+                metrics::counter!("outbox_found_stored_total").increment(1);
+                Some(Ok(ack))
+            }
+            Ok(None) => None,
+            Err(error) => Some(Err(error)),
+        }
     }
 
     /// Notes the broker's answer to `row`'s publish in `pass`.
@@ -176,6 +235,9 @@ impl<P: Publisher> Relay<P> {
                     error = %error.chain(), "publish failed; retried, not counted"
                 );
                 pass.failed.push(row.seq, error.chain(), delay, false);
+                if error.may_be_stored() {
+                    pass.failed.maybe_stored();
+                }
                 Settled::Unreached
             }
             Err(error) => {
@@ -362,6 +424,7 @@ mod tests {
             created_at: chrono::Utc::now(),
             first_published_at: chrono::Utc::now(),
             held_back: false,
+            maybe_published: false,
         }
     }
 

@@ -24,6 +24,8 @@ pub(crate) struct Claimed {
     pub(crate) first_published_at: DateTime<Utc>,
     /// An earlier event of its aggregate is not in the same claim: it must wait.
     pub(crate) held_back: bool,
+    /// An earlier publish may have been stored unacknowledged: look for it first.
+    pub(crate) maybe_published: bool,
 }
 
 /// Has PostgreSQL end this session should it stay idle in the current transaction longer
@@ -91,7 +93,7 @@ pub(crate) async fn claim(
         r#"
         WITH claimed AS (
             SELECT seq, id, aggregate_type, aggregate_id, event_type, payload, traceparent,
-                   attempts, created_at, published_at
+                   attempts, created_at, published_at, maybe_published
             FROM outbox o
             WHERE status = 'pending'
               AND (next_attempt_at <= now()
@@ -121,6 +123,7 @@ pub(crate) async fn claim(
                o.payload::text AS "payload!", o.traceparent, o.attempts AS "attempts!",
                o.created_at AS "created_at!",
                COALESCE(o.published_at, now()) AS "first_published_at!",
+               o.maybe_published AS "maybe_published!",
                -- An earlier event locked by another pass or relay, or dead, holds it back.
                (SELECT any_row FROM passed_over) AND EXISTS (
                    SELECT 1 FROM outbox p
@@ -152,6 +155,8 @@ pub(crate) struct Failures {
     pub(crate) counted: Vec<bool>,
     /// Whether the row can never become a message: dead at once.
     pub(crate) fatal: Vec<bool>,
+    /// Whether the broker may have stored the message all the same.
+    pub(crate) maybe_stored: Vec<bool>,
 }
 
 impl Failures {
@@ -161,6 +166,14 @@ impl Failures {
         self.delays.push(delay.as_secs_f64());
         self.counted.push(counted);
         self.fatal.push(false);
+        self.maybe_stored.push(false);
+    }
+
+    /// Notes that the last row pushed may have been stored by the broker all the same.
+    pub(crate) fn maybe_stored(&mut self) {
+        if let Some(maybe) = self.maybe_stored.last_mut() {
+            *maybe = true;
+        }
     }
 
     /// A row that can never become a message, for `reason`.
@@ -237,9 +250,12 @@ pub(crate) async fn mark_failed(
             last_error = f.error,
             next_attempt_at = clock_timestamp() + make_interval(secs => f.delay),
             status = CASE WHEN f.fatal OR (f.counted AND o.attempts + 1 >= $6) THEN 'dead'
-                          ELSE 'pending' END
-        FROM unnest($1::bigint[], $2::text[], $3::float8[], $4::bool[], $5::bool[])
-            AS f(seq, error, delay, counted, fatal)
+                          ELSE 'pending' END,
+            -- Until it is published, any earlier attempt may be the one the broker kept.
+            maybe_published = o.maybe_published OR f.maybe_stored
+        FROM unnest($1::bigint[], $2::text[], $3::float8[], $4::bool[], $5::bool[],
+                    $7::bool[])
+            AS f(seq, error, delay, counted, fatal, maybe_stored)
         WHERE o.seq = f.seq
         RETURNING CASE WHEN o.status = 'dead' THEN o.seq END AS "seq"
         "#,
@@ -249,6 +265,7 @@ pub(crate) async fn mark_failed(
         &failures.counted,
         &failures.fatal,
         max_attempts,
+        &failures.maybe_stored,
     )
     .fetch_all(conn)
     .await
