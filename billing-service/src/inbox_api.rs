@@ -16,6 +16,7 @@ use utoipa_axum::routes;
 
 use crate::AppState;
 use crate::consumer::Verdict;
+use crate::lag::Lag;
 
 /// What `/ops` shows: the inbox's counts and its open dead letters.
 const OPS: OpsPage = OpsPage {
@@ -36,6 +37,16 @@ const OPS: OpsPage = OpsPage {
             key: "dead",
             label: "Open dead letters",
             alert: true,
+        },
+        Tile {
+            key: "waiting",
+            label: "Waiting in the consumer",
+            alert: false,
+        },
+        Tile {
+            key: "oldestWaitingSeconds",
+            label: "Oldest waiting",
+            alert: false,
         },
     ],
     dead: "/inbox/dead",
@@ -99,12 +110,28 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(skip_matching))
 }
 
-/// Processed messages and recognised duplicates (kept as counts by the inbox) and open dead
-/// letters (counted up to 10,000: `exact` is false when they reached it), in constant time.
+/// The inbox's counts and the durable consumer's lag.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+struct Stats {
+    #[serde(flatten)]
+    inbox: InboxStats,
+    #[serde(flatten)]
+    consumer: Lag,
+}
+
+/// Processed messages and recognised duplicates (kept as counts by the inbox), open dead
+/// letters (counted up to 10,000: `exact` is false when they reached it), in constant time;
+/// and the messages waiting in the durable consumer with the age of the oldest (`null` while
+/// the broker does not answer).
 #[utoipa::path(get, path = "/inbox/stats", tag = "inbox",
-    responses((status = 200, description = "Current inbox counts", body = InboxStats)))]
-async fn stats(State(state): State<AppState>) -> Result<Json<InboxStats>, ApiError> {
-    Ok(Json(state.rules.inbox().stats().await?))
+    responses((status = 200, description = "Current inbox counts and consumer lag", body = Stats)))]
+async fn stats(State(state): State<AppState>) -> Result<Json<Stats>, ApiError> {
+    let (inbox, consumer) = tokio::join!(state.rules.inbox().stats(), state.lag.read());
+    Ok(Json(Stats {
+        inbox: inbox?,
+        consumer,
+    }))
 }
 
 /// Gives this service's own metrics their help text (`# HELP`); once the recorder is
@@ -113,6 +140,16 @@ pub fn describe_metrics() {
     metrics::describe_gauge!(
         "inbox_dead_letters_open",
         "Dead letters waiting for an operator (counted up to 10,000)."
+    );
+    metrics::describe_gauge!(
+        "billing_consumer_waiting_messages",
+        "Messages waiting in the durable consumer: not yet delivered, or delivered and not \
+         yet acknowledged."
+    );
+    metrics::describe_gauge!(
+        "billing_consumer_oldest_waiting_seconds",
+        metrics::Unit::Seconds,
+        "How long ago the oldest message waiting in the durable consumer was stored."
     );
     metrics::describe_counter!(
         "billing_consumer_recreated_total",
@@ -127,13 +164,21 @@ pub fn describe_metrics() {
     );
 }
 
-/// Prometheus metrics: HTTP per route, inbox counters, handling latency, open dead letters.
+/// Prometheus metrics: HTTP per route, inbox counters, handling latency, open dead letters,
+/// the consumer's lag.
 #[utoipa::path(get, path = "/metrics", tag = "operations", responses(
     (status = 200, description = "Prometheus text format", body = String, content_type = "text/plain"),
 ))]
 async fn metrics(State(state): State<AppState>) -> Result<String, ApiError> {
     let current = state.gauges.get(state.rules.inbox().stats()).await?;
     metrics::gauge!("inbox_dead_letters_open").set(current.dead as f64);
+    let lag = state.lag.read().await;
+    if let Some(waiting) = lag.waiting {
+        metrics::gauge!("billing_consumer_waiting_messages").set(waiting as f64);
+    }
+    if let Some(oldest) = lag.oldest_waiting_seconds {
+        metrics::gauge!("billing_consumer_oldest_waiting_seconds").set(oldest);
+    }
     Ok(service_kit::metrics::render())
 }
 

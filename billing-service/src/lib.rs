@@ -19,6 +19,7 @@
 //! - [`quarantine`]: dead-letters the messages the NATS client cannot read (bytes that are not
 //!   UTF-8 in a subject or header), found through the stream's API;
 //! - `failpoints`: crash on purpose at chosen points, for the crash tests (inert unless set);
+//! - [`lag`]: the durable consumer's lag (messages waiting, the oldest one's age);
 //! - [`inbox_api`]: `/inbox/stats`, the dead letters and their admin actions, `/ops`.
 
 pub mod age;
@@ -29,6 +30,7 @@ pub mod durable;
 pub mod failpoints;
 pub mod inbox_api;
 pub mod invoices;
+pub mod lag;
 pub mod parse;
 pub mod quarantine;
 pub mod reason;

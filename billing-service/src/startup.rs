@@ -20,6 +20,7 @@ use utoipa_axum::router::OpenApiRouter;
 
 use crate::consumer::{Consumer, Rules};
 use crate::durable::Durable;
+use crate::lag::ConsumerLag;
 use crate::quarantine::Sweep;
 use crate::{Config, inbox_api, invoices};
 
@@ -36,6 +37,8 @@ pub struct AppState {
     pub admin: AdminToken,
     /// The inbox gauge of `/metrics`, computed at most once per second.
     pub gauges: Arc<Cached<jetstream_outbox::inbox::InboxStats>>,
+    /// The durable consumer's lag.
+    pub lag: ConsumerLag,
 }
 
 #[derive(OpenApi)]
@@ -107,6 +110,12 @@ impl App {
         })
         .await
         .context("cannot create the durable consumer")?;
+        let lag = ConsumerLag::new(
+            jetstream.clone(),
+            &common.stream,
+            &config.consumer.name,
+            format!("{}.>", common.subject_prefix),
+        );
         let inbox = Inbox::new(pool.clone(), &config.consumer.name);
         let cleanup = Cleanup::inbox(inbox.clone(), config.inbox_retention);
         let sweep = Sweep::new(
@@ -131,6 +140,7 @@ impl App {
                 health: base.health(),
                 admin: AdminToken::new(common.admin_token.as_ref()),
                 gauges: Arc::new(Cached::new(service_kit::metrics::GAUGE_INTERVAL)),
+                lag,
             },
             http::Limits::from(common),
             &common.subject_prefix,

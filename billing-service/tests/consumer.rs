@@ -35,9 +35,16 @@ impl TestApp {
         config.consumer.retry_delay = Duration::from_millis(50);
         config.consumer.max_retries = 1000;
         adjust(&mut config);
-        let (running, pool) = Self::start(config.clone()).await;
         let client = async_nats::connect(testing::nats_url()).await.unwrap();
         let jetstream = async_nats::jetstream::new(client);
+        // orders-service's part: billing waits for the stream, never makes it.
+        jetstream_outbox::publisher::ensure_stream(
+            &jetstream,
+            &service_kit::infra::stream_spec(&config.common),
+        )
+        .await
+        .unwrap();
+        let (running, pool) = Self::start(config.clone()).await;
         Self {
             running,
             config,
@@ -272,6 +279,42 @@ async fn paid_before_placed_is_retried_not_lost() {
         (Some(2), Some(0)),
         "{stats}"
     );
+    app.stop().await;
+}
+
+/// A payment that arrives before its order waits in the consumer, retried: `/inbox/stats` says
+/// one message waits and how long ago it was stored; once the order is placed, nothing waits.
+/// (The gauges of `/metrics` are checked by e2e/tests/alerts.rs: this binary's tests share one
+/// recorder.)
+#[tokio::test]
+async fn the_consumers_lag_counts_what_waits() {
+    let app = TestApp::spawn().await;
+    let stats = app.stats().await;
+    assert_eq!(
+        (
+            stats["waiting"].as_u64(),
+            stats["oldestWaitingSeconds"].as_f64()
+        ),
+        (Some(0), Some(0.0)),
+        "{stats}"
+    );
+    app.publish("m-paid", "OrderPaid", "o1", placed("o1", 500))
+        .await;
+    let stats = eventually("the payment waiting", WAIT, || async {
+        let stats = app.stats().await;
+        let old = stats["oldestWaitingSeconds"].as_f64().unwrap_or_default() > 0.5;
+        (stats["waiting"].as_u64() == Some(1) && old).then_some(stats)
+    })
+    .await;
+    assert_eq!(stats["processed"].as_i64(), Some(0), "{stats}");
+
+    app.publish("m-placed", "OrderPlaced", "o1", placed("o1", 500))
+        .await;
+    eventually("nothing waiting", WAIT, || async {
+        let stats = app.stats().await;
+        (stats["waiting"].as_u64() == Some(0)).then_some(())
+    })
+    .await;
     app.stop().await;
 }
 

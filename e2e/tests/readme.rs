@@ -29,6 +29,11 @@ const RUN_ELSEWHERE: &[(&str, &str)] = &[
         "scripts/compose-smoke (validated only: Jaeger's image is not built on a machine that \
          cannot pull it)",
     ),
+    (
+        "docker compose --profile monitoring up --build",
+        "scripts/compose-smoke (validated only: Prometheus' image is not built on a machine that \
+         cannot pull it); e2e/tests/alerts.rs checks its configuration and rules",
+    ),
     ("scripts/test", ".ci/run"),
     (
         "scripts/test -p jetstream-outbox",
