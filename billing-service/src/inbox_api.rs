@@ -1,10 +1,12 @@
-//! `/inbox/...`: what the consumer has processed, and the dead letters an operator replays
-//! (admin only).
+//! `/inbox/...`: what the consumer has processed and how far behind it is, and the dead
+//! letters an operator replays or skips (the admin token; the read-only token lists them),
+//! each action in the audit log.
 
 use axum::extract::State;
 use jetstream_outbox::inbox::{DeadLetter, DeadLetterFilter, InboxStats};
 use serde::{Deserialize, Serialize};
-use service_kit::admin::{Admin, AdminRefusals};
+use service_kit::admin::{Admin, AdminRefusals, Reader};
+use service_kit::audit;
 use service_kit::dead::{self, BulkOutcome};
 use service_kit::ops::{Action, Column, Filter, OpsPage, Tile};
 use service_kit::pagination::{self, Page};
@@ -237,7 +239,8 @@ fn filter(
     Ok(filter)
 }
 
-/// Lists open dead letters with their error and delivery count, optionally filtered (admin).
+/// Lists open dead letters with their error and delivery count, optionally filtered (admin or
+/// read-only token).
 #[utoipa::path(get, path = "/inbox/dead", tag = "inbox", params(DeadListParams),
     security(("admin" = [])), responses(
     (status = 200, description = "A page of dead letters", body = Page<DeadLetter>),
@@ -246,7 +249,7 @@ fn filter(
     AdminRefusals,
 ))]
 async fn list_dead(
-    _: Admin,
+    _: Reader,
     State(state): State<AppState>,
     Query(params): Query<DeadListParams>,
 ) -> Result<Json<Page<DeadLetter>>, ApiError> {
@@ -270,7 +273,7 @@ async fn list_dead(
     AdminRefusals,
 ))]
 async fn replay_matching(
-    _: Admin,
+    admin: Admin,
     State(state): State<AppState>,
     Query(params): Query<DeadListParams>,
 ) -> Result<Json<BulkOutcome>, ApiError> {
@@ -305,14 +308,12 @@ async fn replay_matching(
         }
     }
     outcome.not_applied += not_yet.len() as u64;
-    tracing::warn!(
-        ?filter,
-        applied = outcome.count,
-        not_applied = outcome.not_applied,
-        last = after,
-        action = "retry",
-        "admin bulk action on dead letters"
+    let target = format!(
+        "{} up to letter {after} ({} not applied)",
+        described(&filter),
+        outcome.not_applied
     );
+    audit::record(&state.pool, admin.name, "replay", &target, outcome.count).await;
     Ok(Json(outcome))
 }
 
@@ -326,13 +327,22 @@ async fn replay_matching(
     AdminRefusals,
 ))]
 async fn skip_matching(
-    _: Admin,
+    admin: Admin,
     State(state): State<AppState>,
     Query(params): Query<DeadFilterParams>,
 ) -> Result<Json<BulkOutcome>, ApiError> {
     let filter = filter(params.event_type, params.error_contains)?;
     let count = state.rules.inbox().skip_dead_letters(&filter).await?;
-    Ok(Json(BulkOutcome::took("skip", &filter, count)))
+    audit::record(&state.pool, admin.name, "skip", &described(&filter), count).await;
+    Ok(Json(BulkOutcome::took(count)))
+}
+
+/// A bulk action's filter as the audit log shows it.
+fn described(filter: &DeadLetterFilter) -> String {
+    dead::described(&[
+        ("eventType", filter.event_type.as_deref()),
+        ("errorContains", filter.error_contains.as_deref()),
+    ])
 }
 
 /// Applies dead letter `letter` again through the rules, and closes it when that worked.
@@ -362,7 +372,7 @@ async fn replay(state: &AppState, letter: &DeadLetter) -> Result<Verdict, ApiErr
     AdminRefusals,
 ))]
 async fn retry(
-    _: Admin,
+    admin: Admin,
     State(state): State<AppState>,
     Path(id): Path<i64>,
 ) -> Result<Json<ActionResult>, ApiError> {
@@ -371,12 +381,11 @@ async fn retry(
         .dead_letter_by_id(id)
         .await?
         .ok_or_else(|| ApiError::not_found(format!("no open dead letter {id}")))?;
-    tracing::warn!(
-        dead_letter.id = id,
-        action = "retry",
-        "admin action on dead letter"
-    );
-    match replay(&state, &letter).await? {
+    let verdict = replay(&state, &letter).await?;
+    let applied = u64::from(verdict == Verdict::Ack);
+    let target = format!("dead letter {id}");
+    audit::record(&state.pool, admin.name, "replay", &target, applied).await;
+    match verdict {
         Verdict::Ack => Ok(Json(ActionResult {
             id,
             outcome: "applied",
@@ -398,18 +407,15 @@ async fn retry(
     AdminRefusals,
 ))]
 async fn skip(
-    _: Admin,
+    admin: Admin,
     State(state): State<AppState>,
     Path(id): Path<i64>,
 ) -> Result<Json<ActionResult>, ApiError> {
     if !state.rules.inbox().skip_dead_letter(id).await? {
         return Err(ApiError::not_found(format!("no open dead letter {id}")));
     }
-    tracing::warn!(
-        dead_letter.id = id,
-        action = "skip",
-        "admin action on dead letter"
-    );
+    let target = format!("dead letter {id}");
+    audit::record(&state.pool, admin.name, "skip", &target, 1).await;
     Ok(Json(ActionResult {
         id,
         outcome: "skipped",

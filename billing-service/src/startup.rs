@@ -67,10 +67,12 @@ pub fn router(state: AppState, limits: http::Limits, prefix: &str) -> Router {
     http::finish(api().with_state(state), limits, prefix)
 }
 
-/// The migrations of this service's database: the `jetstream-outbox` inbox tables and its own.
+/// The migrations of this service's database: the `jetstream-outbox` inbox tables, the audit
+/// log of operator actions, and its own.
 pub fn migrations() -> Vec<(&'static str, Migrator)> {
     vec![
         ("inbox", jetstream_outbox::migrate::inbox_migrations()),
+        ("ops", service_kit::audit::migrations()),
         ("billing", sqlx::migrate!("../migrations/billing")),
     ]
 }
@@ -138,7 +140,8 @@ impl App {
                 pool,
                 rules,
                 health: base.health(),
-                admin: AdminToken::new(common.admin_token.as_ref()),
+                admin: AdminToken::new(common.admin_token.as_ref())
+                    .with_read(common.read_token.as_ref()),
                 gauges: Arc::new(Cached::new(service_kit::metrics::GAUGE_INTERVAL)),
                 lag,
             },

@@ -543,6 +543,21 @@ async fn bulk_replay_and_skip_take_the_letters_their_filter_matches() {
             .await
             .unwrap();
     assert_eq!(open, [other]);
+    // Every request that acted is in the audit log, newest first, with what it took.
+    let audit = app.admin("GET", "/ops/audit").await;
+    let entries: Vec<(&str, i64)> = audit["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|entry| {
+            (
+                entry["action"].as_str().unwrap(),
+                entry["count"].as_i64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(entries[..2], [("skip", 0), ("skip", 1)], "{audit}");
+    assert!(entries.contains(&("replay", 1)), "{audit}");
     app.stop().await;
 }
 

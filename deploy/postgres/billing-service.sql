@@ -21,5 +21,7 @@ GRANT SELECT, INSERT, UPDATE, DELETE ON inbox_records, inbox TO billing_app;
 GRANT SELECT, INSERT, UPDATE ON inbox_day_counts, inbox_counts TO billing_app;
 -- Dead letters are kept: closed by an operator, never deleted.
 GRANT SELECT, INSERT, UPDATE ON inbox_dead TO billing_app;
+-- The audit log of operator actions: written by each action, read by GET /ops/audit.
+GRANT SELECT, INSERT ON ops_audit TO billing_app;
 -- Read only: start-up checks that every migration was applied.
 GRANT SELECT ON _sqlx_migrations TO billing_app;

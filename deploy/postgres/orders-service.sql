@@ -20,5 +20,7 @@ GRANT SELECT, INSERT, DELETE ON outbox_published TO orders_app;
 GRANT SELECT, INSERT, UPDATE, DELETE ON outbox_stream_checks TO orders_app;
 GRANT SELECT ON outbox_events TO orders_app;
 GRANT EXECUTE ON FUNCTION outbox_age_out(INTERVAL) TO orders_app;
+-- The audit log of operator actions: written by each action, read by GET /ops/audit.
+GRANT SELECT, INSERT ON ops_audit TO orders_app;
 -- Read only: start-up checks that every migration was applied.
 GRANT SELECT ON _sqlx_migrations TO orders_app;

@@ -1,15 +1,17 @@
 // Drives a service's /ops page in headless Chromium, as an operator would: sees the dead letter
-// in the counts, is refused with a wrong token, types the right one, clicks the action on the
-// dead letter and sees it leave the list; then, with BULK_ACTION set, filters the list
-// (FILTER_KEY=FILTER_VALUE), takes that action on every match with one click, confirms, and sees
-// the list empty. The Rust test that starts this checks the effects (published, skipped) in the
-// database and on the stream.
+// in the counts, is refused with a wrong token; with the read-only token sees the dead letter
+// but is refused its action; types the admin token, clicks the action on the dead letter, sees
+// it leave the list and the action in the audit log; then, with BULK_ACTION set, filters the
+// list (FILTER_KEY=FILTER_VALUE), takes that action on every match with one click, is shown how
+// many and which first before confirming, and sees the list empty. The Rust test that starts
+// this checks the effects (published, skipped) in the database and on the stream.
 //
-//   OPS_URL=http://127.0.0.1:8080 ADMIN_TOKEN=… DEAD_ID=… ACTION=retry \
-//     [BULK_ACTION=retry FILTER_KEY=errorContains FILTER_VALUE=size] node ops-page.mjs
+//   OPS_URL=http://127.0.0.1:8080 ADMIN_TOKEN=… READ_TOKEN=… DEAD_ID=… ACTION=retry \
+//     [BULK_ACTION=retry FILTER_KEY=errorContains FILTER_VALUE=size] [SCREENSHOT=x.png] \
+//     node ops-page.mjs
 import { chromium } from "playwright-core";
 
-const { OPS_URL, ADMIN_TOKEN, DEAD_ID, ACTION, SCREENSHOT } = process.env;
+const { OPS_URL, ADMIN_TOKEN, READ_TOKEN, DEAD_ID, ACTION, SCREENSHOT } = process.env;
 const { BULK_ACTION, FILTER_KEY, FILTER_VALUE } = process.env;
 const executablePath = process.env.CHROMIUM_PATH || "/usr/bin/chromium";
 const TIMEOUT = 20_000;
@@ -41,13 +43,23 @@ try {
   // The refusal was expected; only what follows must be clean.
   problems.length = 0;
 
+  const row = page.locator(`tr[data-id="${DEAD_ID}"]`);
+  await page.fill("#token", READ_TOKEN);
+  await page.click("#use-token");
+  await row.waitFor();
+  await row.locator(`button[data-action="${ACTION}"]`).click();
+  await page.waitForSelector("#status.bad >> text=read-only");
+  await row.waitFor();
+  // The refusal was expected (Chromium logs the 403 as an error).
+  problems.length = 0;
+
   await page.fill("#token", ADMIN_TOKEN);
   await page.click("#use-token");
-  const row = page.locator(`tr[data-id="${DEAD_ID}"]`);
   await row.waitFor();
   await row.locator(`button[data-action="${ACTION}"]`).click();
   await page.waitForSelector(`#status.good >> text=${DEAD_ID}`);
   await row.waitFor({ state: "detached" });
+  await page.waitForSelector(`#audit-rows >> text=${DEAD_ID}`);
 
   if (BULK_ACTION) {
     if (FILTER_KEY) {
@@ -55,10 +67,16 @@ try {
       await page.click("#apply-filters");
     }
     await page.locator("#dead-rows tr").first().waitFor();
-    page.once("dialog", (dialog) => dialog.accept());
+    page.once("dialog", (dialog) => {
+      if (!/1 dead letter\(s\) .*\nFirst: \S+/s.test(dialog.message())) {
+        problems.push(`the bulk action's preview: ${dialog.message()}`);
+      }
+      dialog.accept();
+    });
     await page.click(`button[data-bulk="${BULK_ACTION}"]`);
     await page.waitForSelector("#status.good >> text=all: 1 done");
     await page.waitForSelector("#dead-summary >> text=No dead letters match the filters.");
+    await page.waitForSelector(`#audit-rows >> text=${FILTER_VALUE}`);
   }
   if (SCREENSHOT) await page.screenshot({ path: SCREENSHOT, fullPage: true });
 } catch (error) {

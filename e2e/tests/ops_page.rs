@@ -16,6 +16,7 @@ use serde_json::{Value, json};
 use service_kit::testing;
 
 const TOKEN: &str = "ops-page-token";
+const READ_TOKEN: &str = "ops-page-read-token";
 const WAIT: Duration = Duration::from_secs(30);
 
 /// The browser-test folder, or why the browser tests cannot run here.
@@ -52,7 +53,15 @@ struct Bulk {
 }
 
 /// Runs the browser script against `url`; `None` when the browser tests cannot run here.
-async fn drive_ops_page(url: &str, dead_id: &str, action: &str, bulk: Bulk) -> Option<()> {
+async fn drive_ops_page(
+    service: &str,
+    url: &str,
+    dead_id: &str,
+    action: &str,
+    bulk: Bulk,
+) -> Option<()> {
+    // Kept in the test build's folder: what the page looked like at the end.
+    let screenshot = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("ops-{service}.png"));
     let dir = match browser_setup() {
         Ok(dir) => dir,
         Err(reason) if std::env::var_os("CI").is_some() => panic!("browser test: {reason}"),
@@ -66,6 +75,8 @@ async fn drive_ops_page(url: &str, dead_id: &str, action: &str, bulk: Bulk) -> O
         .current_dir(dir)
         .env("OPS_URL", url)
         .env("ADMIN_TOKEN", TOKEN)
+        .env("READ_TOKEN", READ_TOKEN)
+        .env("SCREENSHOT", &screenshot)
         .env("DEAD_ID", dead_id)
         .env("ACTION", action)
         .env("BULK_ACTION", bulk.action)
@@ -80,6 +91,7 @@ async fn drive_ops_page(url: &str, dead_id: &str, action: &str, bulk: Bulk) -> O
         String::from_utf8_lossy(&output.stdout),
         String::from_utf8_lossy(&output.stderr)
     );
+    eprintln!("the page at the end: {}", screenshot.display());
     Some(())
 }
 
@@ -102,6 +114,7 @@ async fn orders_ops_page_retries_a_dead_event() {
     let names = Names::unique();
     let mut config = names.orders_config();
     config.common.admin_token = Some(TOKEN.into());
+    config.common.read_token = Some(READ_TOKEN.into());
     config.relay.max_attempts = 1;
     let common = config.common.clone();
     let orders = RunningApp::orders(config).await;
@@ -150,7 +163,7 @@ async fn orders_ops_page_retries_a_dead_event() {
         .await
         .unwrap();
 
-    if drive_ops_page(&orders.url, &event_id, "retry", bulk)
+    if drive_ops_page("orders", &orders.url, &event_id, "retry", bulk)
         .await
         .is_some()
     {
@@ -192,6 +205,7 @@ async fn billing_ops_page_skips_a_dead_letter() {
     let names = Names::unique();
     let mut config = names.billing_config();
     config.common.admin_token = Some(TOKEN.into());
+    config.common.read_token = Some(READ_TOKEN.into());
     let billing = RunningApp::billing(config).await;
 
     let js = jetstream::new(async_nats::connect(testing::nats_url()).await.unwrap());
@@ -223,7 +237,7 @@ async fn billing_ops_page_skips_a_dead_letter() {
         value: "OrderPlaced".into(),
     };
 
-    if drive_ops_page(&billing.url, &id.to_string(), "skip", bulk)
+    if drive_ops_page("billing", &billing.url, &id.to_string(), "skip", bulk)
         .await
         .is_some()
     {

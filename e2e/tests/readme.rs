@@ -34,6 +34,22 @@ const RUN_ELSEWHERE: &[(&str, &str)] = &[
         "scripts/compose-smoke (validated only: Prometheus' image is not built on a machine that \
          cannot pull it); e2e/tests/alerts.rs checks its configuration and rules",
     ),
+    (
+        "export OPS_URL=http://127.0.0.1:8080 OPS_TOKEN=demo-admin-token",
+        "ops-cli/tests/opsctl.rs, which sets both for each run of opsctl",
+    ),
+    (
+        "cargo run -q -p ops-cli -- list --error-contains \"maximum payload\"",
+        "ops-cli/tests/opsctl.rs runs list (and show) of the same binary",
+    ),
+    (
+        "cargo run -q -p ops-cli -- retry-all --error-contains \"maximum payload\"",
+        "ops-cli/tests/opsctl.rs runs skip-all with a filter, asked and with --yes",
+    ),
+    (
+        "cargo run -q -p ops-cli -- audit",
+        "ops-cli/tests/opsctl.rs",
+    ),
     ("scripts/test", ".ci/run"),
     (
         "scripts/test -p jetstream-outbox",

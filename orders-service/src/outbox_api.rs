@@ -1,11 +1,12 @@
 //! `/outbox/...`: how far behind the relay is, and the dead events an operator retries or
-//! skips (admin only).
+//! skips (the admin token; the read-only token lists them), each action in the audit log.
 
 use axum::extract::State;
 use jetstream_outbox::OutboxStats;
 use jetstream_outbox::outbox::{self, DeadEvent, DeadFilter};
 use serde::{Deserialize, Serialize};
-use service_kit::admin::{Admin, AdminRefusals};
+use service_kit::admin::{Admin, AdminRefusals, Reader};
+use service_kit::audit;
 use service_kit::dead::{self, BulkOutcome};
 use service_kit::ops::{Action, Column, Filter, OpsPage, Tile};
 use service_kit::pagination::{self, Page};
@@ -210,7 +211,8 @@ struct DeadListParams {
     error_contains: Option<String>,
 }
 
-/// Lists dead events with their attempts and last error, optionally filtered (admin).
+/// Lists dead events with their attempts and last error, optionally filtered (admin or
+/// read-only token).
 #[utoipa::path(get, path = "/outbox/dead", tag = "outbox", params(DeadListParams),
     security(("admin" = [])), responses(
     (status = 200, description = "A page of dead events", body = Page<DeadEvent>),
@@ -219,7 +221,7 @@ struct DeadListParams {
     AdminRefusals,
 ))]
 async fn list_dead(
-    _: Admin,
+    _: Reader,
     State(state): State<AppState>,
     Query(params): Query<DeadListParams>,
 ) -> Result<Json<Page<DeadEvent>>, ApiError> {
@@ -245,13 +247,14 @@ async fn list_dead(
     AdminRefusals,
 ))]
 async fn retry_matching(
-    _: Admin,
+    admin: Admin,
     State(state): State<AppState>,
     Query(params): Query<DeadFilterParams>,
 ) -> Result<Json<BulkOutcome>, ApiError> {
     let filter = params.filter()?;
     let count = outbox::retry_dead_matching(&state.pool, &filter).await?;
-    Ok(Json(BulkOutcome::took("retry", &filter, count)))
+    audit::record(&state.pool, admin.name, "retry", &described(&filter), count).await;
+    Ok(Json(BulkOutcome::took(count)))
 }
 
 /// Gives up on every dead event matching the filters (all of them without a filter): they stay
@@ -264,13 +267,23 @@ async fn retry_matching(
     AdminRefusals,
 ))]
 async fn skip_matching(
-    _: Admin,
+    admin: Admin,
     State(state): State<AppState>,
     Query(params): Query<DeadFilterParams>,
 ) -> Result<Json<BulkOutcome>, ApiError> {
     let filter = params.filter()?;
     let count = outbox::skip_dead_matching(&state.pool, &filter).await?;
-    Ok(Json(BulkOutcome::took("skip", &filter, count)))
+    audit::record(&state.pool, admin.name, "skip", &described(&filter), count).await;
+    Ok(Json(BulkOutcome::took(count)))
+}
+
+/// A bulk action's filter as the audit log shows it.
+fn described(filter: &DeadFilter) -> String {
+    dead::described(&[
+        ("aggregateType", filter.aggregate_type.as_deref()),
+        ("eventType", filter.event_type.as_deref()),
+        ("errorContains", filter.error_contains.as_deref()),
+    ])
 }
 
 /// Publishes a dead event again; the events it held back follow (admin).
@@ -283,14 +296,14 @@ async fn skip_matching(
     AdminRefusals,
 ))]
 async fn retry(
-    _: Admin,
+    admin: Admin,
     State(state): State<AppState>,
     Path(id): Path<Uuid>,
 ) -> Result<Json<ActionResult>, ApiError> {
     if !outbox::retry_dead(&state.pool, id).await? {
         return Err(ApiError::not_found(format!("no dead event {id}")));
     }
-    tracing::warn!(event.id = %id, action = "retry", "admin action on dead event");
+    audit::record(&state.pool, admin.name, "retry", &format!("event {id}"), 1).await;
     Ok(Json(ActionResult {
         id,
         status: "pending",
@@ -308,14 +321,14 @@ async fn retry(
     AdminRefusals,
 ))]
 async fn skip(
-    _: Admin,
+    admin: Admin,
     State(state): State<AppState>,
     Path(id): Path<Uuid>,
 ) -> Result<Json<ActionResult>, ApiError> {
     if !outbox::skip_dead(&state.pool, id).await? {
         return Err(ApiError::not_found(format!("no dead event {id}")));
     }
-    tracing::warn!(event.id = %id, action = "skip", "admin action on dead event");
+    audit::record(&state.pool, admin.name, "skip", &format!("event {id}"), 1).await;
     Ok(Json(ActionResult {
         id,
         status: "skipped",

@@ -66,10 +66,12 @@ pub fn router(state: AppState, limits: http::Limits, prefix: &str) -> Router {
     http::finish(api().with_state(state), limits, prefix)
 }
 
-/// The migrations of this service's database: the `jetstream-outbox` outbox tables and its own.
+/// The migrations of this service's database: the `jetstream-outbox` outbox tables, the audit
+/// log of operator actions, and its own.
 pub fn migrations() -> Vec<(&'static str, Migrator)> {
     vec![
         ("outbox", jetstream_outbox::migrate::outbox_migrations()),
+        ("ops", service_kit::audit::migrations()),
         ("orders", sqlx::migrate!("../migrations/orders")),
     ]
 }
@@ -136,7 +138,8 @@ impl App {
                 pool: pool.clone(),
                 wakeup,
                 health: base.health(),
-                admin: AdminToken::new(config.common.admin_token.as_ref()),
+                admin: AdminToken::new(config.common.admin_token.as_ref())
+                    .with_read(config.common.read_token.as_ref()),
                 gauges: Arc::new(Cached::new(service_kit::metrics::GAUGE_INTERVAL)),
             },
             http::Limits::from(&config.common),

@@ -67,11 +67,13 @@ impl TestApp {
             .unwrap()
     }
 
-    /// An app with the admin token `s3cret`, no relay, and two orders whose events were made
-    /// dead by hand, the first failing with `boom`, the second with the broker's refusal.
+    /// An app with the admin token `s3cret` and the read-only token `r34d`, no relay, and two
+    /// orders whose events were made dead by hand, the first failing with `boom`, the second
+    /// with the broker's refusal.
     async fn with_two_dead_events() -> (Self, Vec<uuid::Uuid>) {
         let app = Self::spawn_with(|config| {
             config.common.admin_token = Some("s3cret".into());
+            config.common.read_token = Some("r34d".into());
             config.relay_enabled = false;
         })
         .await;
@@ -453,6 +455,95 @@ async fn bulk_admin_actions_take_the_dead_events_a_filter_matches() {
         None,
     )
     .await;
+    app.stop().await;
+}
+
+/// The read-only token lists dead events and the audit log but may not act; every action the
+/// admin token takes is in the audit log, newest first, with the token's name and the count.
+#[tokio::test]
+async fn the_read_only_token_reads_and_every_action_is_audited() {
+    let (app, ids) = TestApp::with_two_dead_events().await;
+    let get = |path: &str, token: &str| {
+        app.client
+            .get(format!("{}{path}", app.running.url))
+            .bearer_auth(token)
+            .send()
+    };
+    let post = |path: String, token: &str| {
+        app.client
+            .post(format!("{}{path}", app.running.url))
+            .bearer_auth(token)
+            .send()
+    };
+    let listed: Value = get("/outbox/dead", "r34d")
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(listed["items"].as_array().unwrap().len(), 2, "{listed}");
+    let refused = post(format!("/outbox/dead/{}/retry", ids[0]), "r34d")
+        .await
+        .unwrap();
+    let refused = problem(refused, 403, None).await;
+    assert!(
+        refused["detail"].as_str().unwrap().contains("read-only"),
+        "{refused}"
+    );
+    problem(
+        post("/outbox/dead/skip".into(), "r34d").await.unwrap(),
+        403,
+        None,
+    )
+    .await;
+    assert_eq!(app.count("outbox WHERE status = 'dead'").await, 2);
+
+    let retried = post(format!("/outbox/dead/{}/retry", ids[0]), "s3cret")
+        .await
+        .unwrap();
+    assert_eq!(retried.status(), StatusCode::OK);
+    let skipped = post("/outbox/dead/skip?errorContains=size".into(), "s3cret")
+        .await
+        .unwrap();
+    assert_eq!(skipped.status(), StatusCode::OK);
+
+    problem(get("/ops/audit", "wrong").await.unwrap(), 401, None).await;
+    let audit: Value = get("/ops/audit", "r34d")
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let entries: Vec<(String, String, String, i64)> = audit["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|entry| {
+            (
+                entry["actor"].as_str().unwrap().to_owned(),
+                entry["action"].as_str().unwrap().to_owned(),
+                entry["target"].as_str().unwrap().to_owned(),
+                entry["count"].as_i64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        entries,
+        [
+            (
+                "admin".into(),
+                "skip".into(),
+                "errorContains=size".into(),
+                1
+            ),
+            (
+                "admin".into(),
+                "retry".into(),
+                format!("event {}", ids[0]),
+                1
+            ),
+        ]
+    );
     app.stop().await;
 }
 

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use clap::builder::TypedValueParser as _;
-use secrecy::{ExposeSecret as _, SecretString};
+use secrecy::{ExposeSecret, SecretString};
 
 /// A variable that is set but unusable, or settings that do not fit together.
 #[derive(Debug, thiserror::Error)]
@@ -138,6 +138,11 @@ pub struct Common {
     #[arg(long, env = "ADMIN_TOKEN", value_parser = secret(), hide_env_values = true,
           help_heading = "HTTP")]
     pub admin_token: Option<SecretString>,
+    /// Bearer token that reads what the admin token reads (the dead events or letters, the
+    /// audit log) and may take no action (unset: only the admin token reads them).
+    #[arg(long, env = "READ_TOKEN", value_parser = secret(), hide_env_values = true,
+          help_heading = "HTTP")]
+    pub read_token: Option<SecretString>,
     /// A request still running after this many milliseconds is answered 503.
     #[arg(long = "http-timeout-ms", env = "HTTP_TIMEOUT_MS", default_value = "10000",
           value_parser = millis(), help_heading = "HTTP")]
@@ -215,7 +220,11 @@ impl Common {
                 *value = None;
             }
         }
-        for secret in [&mut self.admin_token, &mut self.nats_password] {
+        for secret in [
+            &mut self.admin_token,
+            &mut self.read_token,
+            &mut self.nats_password,
+        ] {
             if secret
                 .as_ref()
                 .is_some_and(|value| value.expose_secret().is_empty())
@@ -232,6 +241,13 @@ impl Common {
             "NATS_PASSWORD",
             self.nats_user.is_some() == self.nats_password.is_some(),
             "NATS_USER and NATS_PASSWORD go together",
+        )?;
+        ensure(
+            "READ_TOKEN",
+            !(self.read_token.is_some()
+                && self.read_token.as_ref().map(ExposeSecret::expose_secret)
+                    == self.admin_token.as_ref().map(ExposeSecret::expose_secret)),
+            "must differ from ADMIN_TOKEN, or a reader could act",
         )?;
         ensure(
             "HTTP_TIMEOUT_MS",

@@ -24,14 +24,26 @@ pub struct BulkOutcome {
 }
 
 impl BulkOutcome {
-    /// A bulk action that took `count` items matching `filter` in one go, logged as an admin
-    /// action.
-    pub fn took(action: &str, filter: &impl std::fmt::Debug, count: u64) -> Self {
-        tracing::warn!(?filter, count, action, "admin bulk action on dead letters");
+    /// A bulk action that took `count` items in one go.
+    pub fn took(count: u64) -> Self {
         Self {
             count,
             ..Self::default()
         }
+    }
+}
+
+/// A bulk action's filters as the audit log shows them: `key=value` for each one given,
+/// `every item` for none.
+pub fn described(filters: &[(&str, Option<&str>)]) -> String {
+    let given: Vec<String> = filters
+        .iter()
+        .filter_map(|(key, value)| value.map(|value| format!("{key}={value}")))
+        .collect();
+    if given.is_empty() {
+        "every item".to_owned()
+    } else {
+        given.join(" ")
     }
 }
 

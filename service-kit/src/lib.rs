@@ -1,6 +1,7 @@
 //! Shared plumbing of the workspace's services.
 //!
-//! - [`admin`]: the bearer-token guard of admin endpoints;
+//! - [`admin`]: the bearer-token guards of admin endpoints (the admin and the read-only token);
+//! - [`audit`]: the audit log of operator actions;
 //! - [`config`]: reading settings from the environment, failing with the variable's name;
 //! - [`dead`]: filters and bulk outcomes of the dead-letter admin endpoints;
 //! - [`events`]: the order events on NATS, their body and their AsyncAPI document;
@@ -17,6 +18,7 @@
 //! - `testing` (feature `testing`): unique names and bounded waits for tests.
 
 pub mod admin;
+pub mod audit;
 pub mod config;
 pub mod dead;
 pub mod events;

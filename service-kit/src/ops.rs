@@ -1,21 +1,30 @@
 //! `GET /ops`: a plain operations page for people without a dashboard yet.
 //!
-//! It polls the service's stats endpoint and, once an admin token is typed in, lists the dead
-//! letters (filtered as the operator chooses) with a button per admin action, and buttons that
-//! take the action on every dead letter the filters match. It is a thin face over the JSON
-//! endpoints: the page holds no logic an operator could not run with curl. No external assets, and a strict
-//! Content-Security-Policy: scripts and styles only from the service itself.
+//! It polls the service's stats endpoint and, once a token is typed in, lists the dead letters
+//! (filtered as the operator chooses) with a button per admin action, buttons that take the
+//! action on every dead letter the filters match (after a preview of how many and which first),
+//! and the audit log of operator actions (`GET /ops/audit`). It is a thin face over the JSON
+//! endpoints: the page holds no logic an operator could not run with curl. No external assets,
+//! and a strict Content-Security-Policy: scripts and styles only from the service itself.
 
 use std::sync::Arc;
 
 use axum::Extension;
+use axum::extract::{FromRef, State};
 use axum::http::header::{CACHE_CONTROL, CONTENT_SECURITY_POLICY, CONTENT_TYPE};
 use axum::http::{HeaderName, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
+use sqlx::PgPool;
+use utoipa::IntoParams;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
+
+use crate::admin::{AdminRefusals, AdminToken, Reader};
+use crate::audit::{self, AuditEntry};
+use crate::pagination::{self, Page};
+use crate::{ApiError, Json, Query};
 
 const PAGE: &str = include_str!("ops/page.html");
 const SCRIPT: &str = include_str!("ops/app.js");
@@ -96,13 +105,16 @@ impl OpsPage {
             .replace("{{config}}", &config)
     }
 
-    /// `/ops` and its script and stylesheet.
+    /// `/ops`, its script and stylesheet, and `/ops/audit`.
     pub fn router<S>(&self) -> OpenApiRouter<S>
     where
         S: Clone + Send + Sync + 'static,
+        PgPool: FromRef<S>,
+        AdminToken: FromRef<S>,
     {
         OpenApiRouter::new()
             .routes(routes!(ops_page))
+            .routes(routes!(audit_log))
             .route(
                 "/ops/app.js",
                 get(|| async { with_headers("text/javascript", SCRIPT) }),
@@ -122,6 +134,43 @@ impl OpsPage {
 ))]
 async fn ops_page(Extension(Html(html)): Extension<Html>) -> Response {
     with_headers("text/html; charset=utf-8", html.to_string())
+}
+
+/// A page of the audit log.
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[into_params(parameter_in = Query)]
+struct AuditParams {
+    /// Entries per page, 1-200 (default 50).
+    #[param(minimum = 1, maximum = 200)]
+    limit: Option<i64>,
+    /// `nextCursor` of the previous page: the number of the last entry seen; the page holds
+    /// the older ones.
+    #[param(pattern = r"^[0-9]{1,18}$")]
+    cursor: Option<String>,
+}
+
+/// The operator actions taken through the admin API, newest first: which token, what, on
+/// what, how many items, when (admin or read-only token).
+#[utoipa::path(get, path = "/ops/audit", tag = "operations", params(AuditParams),
+    security(("admin" = [])), responses(
+    (status = 200, description = "A page of the audit log", body = Page<AuditEntry>),
+    (status = 422, description = "Bad limit or cursor", body = crate::problem::Problem,
+        content_type = "application/problem+json"),
+    AdminRefusals,
+))]
+async fn audit_log(
+    _: Reader,
+    State(pool): State<PgPool>,
+    Query(params): Query<AuditParams>,
+) -> Result<Json<Page<AuditEntry>>, ApiError> {
+    let limit = pagination::limit(params.limit)?;
+    let before = params
+        .cursor
+        .map(|cursor| pagination::after_number(Some(&cursor)))
+        .transpose()?;
+    let rows = audit::list(&pool, before, limit + 1).await?;
+    Ok(Json(Page::of(rows, limit, |entry| entry.id.to_string())))
 }
 
 fn with_headers(content_type: &'static str, body: impl IntoResponse) -> Response {

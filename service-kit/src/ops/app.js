@@ -1,5 +1,5 @@
-// The ops page: polls the service's stats and, once an admin token is typed in, its dead
-// letters, with one button per admin action. Everything the page shows comes from the same
+// The ops page: polls the service's stats and, once a token is typed in, its dead letters,
+// with one button per admin action, and the audit log of operator actions. Everything the page shows comes from the same
 // JSON endpoints an operator can curl; text is always inserted as text, never as HTML, because
 // dead letters carry whatever a broken or hostile producer sent.
 "use strict";
@@ -81,14 +81,22 @@ async function act(id, action) {
   } else {
     setStatus(`${action.label}: ${id} refused (${response.status}): ${await problemDetail(response)}`, "bad");
   }
-  await Promise.all([refreshStats(), refreshDead()]);
+  await Promise.all([refreshStats(), refreshDead(), refreshAudit()]);
 }
 
 // Takes `action` on every dead letter the applied filters match, one request after another
 // while the service answers a cursor (a replay handles a bounded number per request).
 async function actOnAll(action) {
   const described = filters.toString() ? `matching ${filters}` : "of this service";
-  if (!window.confirm(`${action.label} every dead letter ${described}?`)) return;
+  const preview = await previewMatching();
+  if (preview === null) return;
+  if (preview.count === 0) {
+    setStatus(`${action.label} all: no dead letter ${described}`, "muted");
+    return;
+  }
+  const many = preview.more ? `more than ${preview.count}` : String(preview.count);
+  const first = preview.first.join(", ");
+  if (!window.confirm(`${action.label} ${many} dead letter(s) ${described}?\nFirst: ${first}`)) return;
   const params = new URLSearchParams(filters);
   let count = 0;
   let notApplied = 0;
@@ -111,7 +119,54 @@ async function actOnAll(action) {
     }
     params.set("cursor", outcome.nextCursor);
   }
-  await Promise.all([refreshStats(), refreshDead()]);
+  await Promise.all([refreshStats(), refreshDead(), refreshAudit()]);
+}
+
+// What a bulk action would take: how many dead letters the applied filters match (up to a
+// page) and the first ones, read from the list endpoint before asking to confirm.
+async function previewMatching() {
+  const query = new URLSearchParams(filters);
+  query.set("limit", "200");
+  const response = await fetch(`${config.dead}?${query}`, {
+    headers: { authorization: `Bearer ${token}` },
+    cache: "no-store",
+  });
+  if (!response.ok) {
+    setStatus(`Preview refused (${response.status}): ${await problemDetail(response)}`, "bad");
+    return null;
+  }
+  const page = await response.json();
+  return {
+    count: page.items.length,
+    more: Boolean(page.nextCursor),
+    first: page.items.slice(0, 5).map((item) => String(item.id)),
+  };
+}
+
+async function refreshAudit() {
+  if (!token) return;
+  const response = await fetch("/ops/audit?limit=20", {
+    headers: { authorization: `Bearer ${token}` },
+    cache: "no-store",
+  });
+  const section = document.getElementById("audit-section");
+  if (!response.ok) {
+    section.hidden = true;
+    return;
+  }
+  const page = await response.json();
+  const rows = page.items.map((entry) => el("tr", {}, [
+    el("td", { textContent: new Date(entry.at).toLocaleString() }),
+    el("td", { textContent: entry.actor }),
+    el("td", { textContent: entry.action }),
+    el("td", { textContent: entry.target }),
+    el("td", { textContent: String(entry.count) }),
+  ]));
+  document.getElementById("audit-rows").replaceChildren(...rows);
+  document.getElementById("audit").hidden = rows.length === 0;
+  document.getElementById("audit-summary").textContent =
+    rows.length === 0 ? "No operator action yet." : "";
+  section.hidden = false;
 }
 
 function showFilters() {
@@ -141,7 +196,7 @@ async function refreshDead() {
   if (!response.ok) {
     table.hidden = true;
     const reason = response.status === 401 ? "the token was refused"
-      : response.status === 403 ? "ADMIN_TOKEN is not configured on this service"
+      : response.status === 403 ? "no token is configured on this service"
       : await problemDetail(response);
     document.getElementById("dead-summary").textContent = "";
     document.getElementById("filter-form").hidden = true;
@@ -183,6 +238,7 @@ document.getElementById("token-form").addEventListener("submit", (event) => {
   token = document.getElementById("token").value.trim();
   setStatus("");
   refreshDead();
+  refreshAudit();
 });
 
 document.getElementById("filter-form").addEventListener("submit", (event) => {
@@ -201,6 +257,7 @@ showFilters();
 function tick() {
   refreshStats();
   refreshDead();
+  refreshAudit();
 }
 tick();
 setInterval(tick, REFRESH_MS);

@@ -1,0 +1,124 @@
+//! The command line: where the service is, the token, and one command.
+
+use secrecy::SecretString;
+
+/// The admin API of orders-service or billing-service: their dead events or letters, the
+/// actions on them, and the audit log of those actions.
+///
+/// Which service answers at --url is asked of it (its /openapi.json): orders-service's dead
+/// events are retried (published again) or skipped; billing-service's dead letters are
+/// replayed (applied again through the inbox) or skipped. Reading needs ADMIN_TOKEN or
+/// READ_TOKEN; acting needs ADMIN_TOKEN, and each action is recorded in the service's audit
+/// log under that token's name.
+#[derive(Debug, clap::Parser)]
+#[command(name = "opsctl", version)]
+pub(crate) struct Cli {
+    /// The service's base URL (http://; put TLS in front of it with a proxy).
+    #[arg(
+        long,
+        env = "OPS_URL",
+        default_value = "http://127.0.0.1:8080",
+        value_name = "OPS_URL",
+        global = true
+    )]
+    pub(crate) url: String,
+    /// The service's ADMIN_TOKEN, or its READ_TOKEN to read only.
+    #[arg(long, env = "OPS_TOKEN", hide_env_values = true, value_name = "OPS_TOKEN",
+          value_parser = secret(), global = true)]
+    pub(crate) token: Option<SecretString>,
+    /// Print the service's JSON answers as they are, one per line, instead of tables.
+    #[arg(long, global = true)]
+    pub(crate) json: bool,
+    #[command(subcommand)]
+    pub(crate) command: Command,
+}
+
+/// A secret: kept out of debug output and of `--help`.
+fn secret() -> impl clap::builder::TypedValueParser<Value = SecretString> {
+    clap::builder::TypedValueParser::map(
+        clap::builder::StringValueParser::new(),
+        SecretString::from,
+    )
+}
+
+/// What to do.
+#[derive(Debug, clap::Subcommand)]
+pub(crate) enum Command {
+    /// The service's counts: the outbox's or the inbox's, and how far behind it is.
+    Stats,
+    /// The dead events (orders) or open dead letters (billing), oldest first.
+    List {
+        #[command(flatten)]
+        filters: Filters,
+        /// At most this many (1-200).
+        #[arg(long, default_value_t = 50,
+              value_parser = clap::value_parser!(i64).range(1..=200))]
+        limit: i64,
+    },
+    /// One dead event or letter, every field of it (its headers and body for a letter).
+    Show {
+        /// Its id (an event's UUID, a letter's number).
+        id: String,
+    },
+    /// Publish a dead event again (orders), or apply a dead letter again (billing).
+    Retry {
+        /// Its id.
+        id: String,
+    },
+    /// Give up on a dead event or letter: kept as skipped, never applied.
+    Skip {
+        /// Its id.
+        id: String,
+    },
+    /// Retry or replay every dead item the filters match, after showing how many and which.
+    RetryAll {
+        #[command(flatten)]
+        filters: Filters,
+        /// Act without asking.
+        #[arg(long)]
+        yes: bool,
+    },
+    /// Skip every dead item the filters match, after showing how many and which.
+    SkipAll {
+        #[command(flatten)]
+        filters: Filters,
+        /// Act without asking.
+        #[arg(long)]
+        yes: bool,
+    },
+    /// The latest operator actions, newest first.
+    Audit {
+        /// At most this many (1-200).
+        #[arg(long, default_value_t = 20,
+              value_parser = clap::value_parser!(i64).range(1..=200))]
+        limit: i64,
+    },
+}
+
+/// Which dead items: those matching every filter given.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub(crate) struct Filters {
+    /// Only events of this aggregate type (orders-service only).
+    #[arg(long)]
+    pub(crate) aggregate_type: Option<String>,
+    /// Only this event type.
+    #[arg(long)]
+    pub(crate) event_type: Option<String>,
+    /// Only those whose error contains this text.
+    #[arg(long)]
+    pub(crate) error_contains: Option<String>,
+}
+
+impl Filters {
+    /// As query parameters.
+    pub(crate) fn query(&self) -> Vec<(&'static str, String)> {
+        [
+            ("aggregateType", &self.aggregate_type),
+            ("eventType", &self.event_type),
+            ("errorContains", &self.error_contains),
+        ]
+        .into_iter()
+        .filter_map(|(key, value)| value.clone().map(|value| (key, value)))
+        .collect()
+    }
+}

@@ -1,0 +1,67 @@
+//! The audit log of operator actions: each admin action (retry, skip, replay; one item or
+//! every item a filter matches) is recorded with the name of the token that authorised it,
+//! what it did, to what, and how many items it took. `GET /ops/audit` lists it, newest first,
+//! to the admin and the read-only token alike; the `/ops` page shows it.
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use sqlx::PgPool;
+use sqlx::migrate::Migrator;
+use utoipa::ToSchema;
+
+/// The migrations of the audit table, applied by each service beside its own.
+pub fn migrations() -> Migrator {
+    sqlx::migrate!("../migrations/ops")
+}
+
+/// One recorded action.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AuditEntry {
+    /// Its number, increasing.
+    pub id: i64,
+    /// When it was taken.
+    pub at: DateTime<Utc>,
+    /// The name of the token that authorised it (`admin`).
+    pub actor: String,
+    /// What was done: `retry`, `skip` or `replay`.
+    pub action: String,
+    /// To what: an item's id, or the filter of a bulk action.
+    pub target: String,
+    /// How many items it took.
+    pub count: i64,
+}
+
+/// Records an action; a failure to record is logged, not returned: the action itself is done.
+pub async fn record(pool: &PgPool, actor: &str, action: &str, target: &str, count: u64) {
+    let recorded = sqlx::query!(
+        "INSERT INTO ops_audit (actor, action, target, count) VALUES ($1, $2, $3, $4)",
+        actor,
+        action,
+        target,
+        i64::try_from(count).unwrap_or(i64::MAX),
+    )
+    .execute(pool)
+    .await;
+    match recorded {
+        Ok(_) => tracing::warn!(actor, action, target, count, "operator action"),
+        Err(error) => tracing::error!(
+            actor, action, target, count, error = %error,
+            "operator action taken, but not recorded in the audit log"
+        ),
+    }
+}
+
+/// Up to `limit` entries older than `before` (all when `None`), newest first.
+pub async fn list(pool: &PgPool, before: Option<i64>, limit: i64) -> sqlx::Result<Vec<AuditEntry>> {
+    sqlx::query_as!(
+        AuditEntry,
+        r#"SELECT id, at, actor, action, target, count FROM ops_audit
+           WHERE $1::bigint IS NULL OR id < $1
+           ORDER BY id DESC LIMIT $2"#,
+        before,
+        limit,
+    )
+    .fetch_all(pool)
+    .await
+}
