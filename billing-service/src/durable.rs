@@ -15,6 +15,7 @@ use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream::consumer::{DeliverPolicy, PullConsumer, pull};
+use async_nats::jetstream::context::ConsumerInfoErrorKind;
 use async_nats::jetstream::stream::{LastRawMessageErrorKind, Stream};
 use async_nats::jetstream::{self, ErrorCode};
 
@@ -66,8 +67,9 @@ enum Start {
 }
 
 impl Durable {
-    /// Creates the durable pull consumer, or updates it to `config` when it exists (a changed
-    /// `CONSUMER_ACK_WAIT_MS` takes effect at the next start); `subjects` is the stream's
+    /// Creates the durable pull consumer, or updates it to `config` when it exists, keeping
+    /// where it delivers from (one made again starts at a sequence). A changed
+    /// `CONSUMER_ACK_WAIT_MS` takes effect at the next start; `subjects` is the stream's
     /// filter.
     pub async fn create(
         jetstream: jetstream::Context,
@@ -76,8 +78,15 @@ impl Durable {
         config: &ConsumerConfig,
     ) -> anyhow::Result<Self> {
         let handle = jetstream.get_stream(stream).await?;
+        // The broker refuses to change a consumer's deliver policy, and one made again
+        // starts where it must: keep it.
+        let deliver_policy = match handle.consumer_info(&config.name).await {
+            Ok(info) => info.config.deliver_policy,
+            Err(error) if error.kind() == ConsumerInfoErrorKind::NotFound => DeliverPolicy::All,
+            Err(error) => return Err(error.into()),
+        };
         let consumer = handle
-            .create_consumer(consumer_config(config, &subjects, Start::All))
+            .create_consumer(consumer_config(config, &subjects, deliver_policy))
             .await?;
         let state = State {
             connects: connects(&jetstream),
@@ -270,7 +279,7 @@ impl Durable {
             Err(error) => return Err(error.into()),
         }
         let consumer = stream
-            .create_consumer(consumer_config(&self.config, &self.subjects, start))
+            .create_consumer(consumer_config(&self.config, &self.subjects, start.into()))
             .await?;
         *self.created.lock().unwrap_or_else(PoisonError::into_inner) = created_at(&consumer);
         *self.consumer.lock().unwrap_or_else(PoisonError::into_inner) = consumer;
@@ -287,8 +296,21 @@ impl Durable {
     }
 }
 
-/// The consumer's settings, starting at `start`.
-fn consumer_config(config: &ConsumerConfig, subjects: &str, start: Start) -> pull::Config {
+impl From<Start> for DeliverPolicy {
+    fn from(start: Start) -> Self {
+        match start {
+            Start::All => DeliverPolicy::All,
+            Start::At(start_sequence) => DeliverPolicy::ByStartSequence { start_sequence },
+        }
+    }
+}
+
+/// The consumer's settings, delivering by `deliver_policy`.
+fn consumer_config(
+    config: &ConsumerConfig,
+    subjects: &str,
+    deliver_policy: DeliverPolicy,
+) -> pull::Config {
     pull::Config {
         durable_name: Some(config.name.clone()),
         ack_policy: jetstream::consumer::AckPolicy::Explicit,
@@ -297,10 +319,7 @@ fn consumer_config(config: &ConsumerConfig, subjects: &str, start: Start) -> pul
         // broker never drops one silently.
         max_deliver: -1,
         filter_subject: subjects.to_owned(),
-        deliver_policy: match start {
-            Start::All => DeliverPolicy::All,
-            Start::At(start_sequence) => DeliverPolicy::ByStartSequence { start_sequence },
-        },
+        deliver_policy,
         ..Default::default()
     }
 }

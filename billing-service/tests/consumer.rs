@@ -595,6 +595,51 @@ async fn the_durable_consumer_is_created_or_updated() {
     testing::delete_stream(&name).await;
 }
 
+/// A consumer billing made again from a sequence (after the broker lost messages) is kept as it
+/// is at the next start: the broker refuses to change a consumer's deliver policy, so asking for
+/// "all" again would stop billing from starting at all.
+#[tokio::test]
+async fn a_consumer_made_again_from_a_sequence_survives_a_restart() {
+    use async_nats::jetstream::consumer::{DeliverPolicy, pull};
+    use async_nats::jetstream::stream;
+    let name = testing::unique("BILLING_RESTART");
+    let subjects = format!("{}.>", name.to_lowercase());
+    let client = async_nats::connect(testing::nats_url()).await.unwrap();
+    let jetstream = async_nats::jetstream::new(client);
+    let handle = jetstream
+        .create_stream(stream::Config {
+            name: name.clone(),
+            subjects: vec![subjects.clone()],
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let config = Config::from_env().unwrap().consumer;
+    // As `Durable` leaves it after making the consumer again from sequence 7.
+    handle
+        .create_consumer(pull::Config {
+            durable_name: Some(config.name.clone()),
+            ack_policy: async_nats::jetstream::consumer::AckPolicy::Explicit,
+            ack_wait: config.ack_wait,
+            max_deliver: -1,
+            filter_subject: subjects.clone(),
+            deliver_policy: DeliverPolicy::ByStartSequence { start_sequence: 7 },
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let durable =
+        billing_service::durable::Durable::create(jetstream.clone(), &name, subjects, &config)
+            .await
+            .expect("billing starts with the consumer it made again");
+    let info = durable.current().info().await.unwrap().clone();
+    assert_eq!(
+        info.config.deliver_policy,
+        DeliverPolicy::ByStartSequence { start_sequence: 7 }
+    );
+    testing::delete_stream(&name).await;
+}
+
 /// Publishes, straight to the stream, what a broken or hostile producer could: ids of 3 KB, with
 /// a NUL and empty; a NUL in the body; a body that is not UTF-8; `ce-type` 1,000 times; bytes
 /// that are not UTF-8 in a subject and in a header; a NUL in a subject.
