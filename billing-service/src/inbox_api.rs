@@ -8,7 +8,6 @@ use serde::{Deserialize, Serialize};
 use service_kit::admin::{Admin, AdminRefusals, Reader};
 use service_kit::audit;
 use service_kit::dead::{self, BulkOutcome};
-use service_kit::ops::{Action, Column, Filter, OpsPage, Tile};
 use service_kit::pagination::{self, Page};
 use service_kit::problem::Problem;
 use service_kit::{ApiError, Json, Path, Query};
@@ -20,89 +19,10 @@ use crate::AppState;
 use crate::consumer::Verdict;
 use crate::lag::Lag;
 
-/// What `/ops` shows: the inbox's counts and its open dead letters.
-const OPS: OpsPage = OpsPage {
-    service: "billing-service",
-    stats: "/inbox/stats",
-    tiles: &[
-        Tile {
-            key: "processed",
-            label: "Processed messages",
-            alert: false,
-        },
-        Tile {
-            key: "duplicate",
-            label: "Duplicates recognised",
-            alert: false,
-        },
-        Tile {
-            key: "dead",
-            label: "Open dead letters",
-            alert: true,
-        },
-        Tile {
-            key: "waiting",
-            label: "Waiting in the consumer",
-            alert: false,
-        },
-        Tile {
-            key: "oldestWaitingSeconds",
-            label: "Oldest waiting",
-            alert: false,
-        },
-    ],
-    dead: "/inbox/dead",
-    columns: &[
-        Column {
-            key: "id",
-            label: "Id",
-        },
-        Column {
-            key: "messageId",
-            label: "Message id",
-        },
-        Column {
-            key: "subject",
-            label: "Subject",
-        },
-        Column {
-            key: "error",
-            label: "Error",
-        },
-        Column {
-            key: "deliveries",
-            label: "Deliveries",
-        },
-        Column {
-            key: "createdAt",
-            label: "Dead since",
-        },
-    ],
-    actions: &[
-        Action {
-            name: "retry",
-            label: "Replay",
-        },
-        Action {
-            name: "skip",
-            label: "Skip",
-        },
-    ],
-    filters: &[
-        Filter {
-            key: "eventType",
-            label: "Event type",
-        },
-        Filter {
-            key: "errorContains",
-            label: "Error contains",
-        },
-    ],
-};
-
 /// The inbox routes and the ops page.
 pub fn router() -> OpenApiRouter<AppState> {
-    OPS.router()
+    crate::console::OPS
+        .router()
         .routes(routes!(stats))
         .routes(routes!(metrics))
         .routes(routes!(list_dead))
@@ -160,6 +80,12 @@ pub fn describe_metrics() {
          delivered."
     );
     metrics::describe_histogram!(
+        "billing_publish_to_apply_seconds",
+        metrics::Unit::Seconds,
+        "From a message's storing in the stream to its application (or its recognition as a \
+         duplicate)."
+    );
+    metrics::describe_histogram!(
         "billing_message_handling_seconds",
         metrics::Unit::Seconds,
         "One message from its receipt to its acknowledgement."
@@ -172,15 +98,7 @@ pub fn describe_metrics() {
     (status = 200, description = "Prometheus text format", body = String, content_type = "text/plain"),
 ))]
 async fn metrics(State(state): State<AppState>) -> Result<String, ApiError> {
-    let current = state.gauges.get(state.rules.inbox().stats()).await?;
-    metrics::gauge!("inbox_dead_letters_open").set(current.dead as f64);
-    let lag = state.lag.read().await;
-    if let Some(waiting) = lag.waiting {
-        metrics::gauge!("billing_consumer_waiting_messages").set(waiting as f64);
-    }
-    if let Some(oldest) = lag.oldest_waiting_seconds {
-        metrics::gauge!("billing_consumer_oldest_waiting_seconds").set(oldest);
-    }
+    crate::console::update_gauges(&state).await?;
     Ok(service_kit::metrics::render())
 }
 

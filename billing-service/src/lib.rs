@@ -20,11 +20,13 @@
 //!   UTF-8 in a subject or header), found through the stream's API;
 //! - `failpoints`: crash on purpose at chosen points, for the crash tests (inert unless set);
 //! - [`lag`]: the durable consumer's lag (messages waiting, the oldest one's age);
-//! - [`inbox_api`]: `/inbox/stats`, the dead letters and their admin actions, `/ops`.
+//! - [`inbox_api`]: `/inbox/stats`, `/metrics`, the dead letters and their admin actions;
+//! - [`console`]: what `/ops` shows (tiles, columns, actions, charts) and the gauges.
 
 pub mod age;
 pub mod batcher;
 pub mod config;
+pub mod console;
 pub mod consumer;
 pub mod durable;
 pub mod failpoints;

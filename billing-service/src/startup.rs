@@ -9,6 +9,7 @@ use axum::Router;
 use axum::extract::FromRef;
 use jetstream_outbox::{Cleanup, Inbox};
 use service_kit::admin::{AdminSecurity, AdminToken};
+use service_kit::history::{History, Refresh};
 use service_kit::http::{self, BackgroundTask, Health};
 use service_kit::infra;
 use service_kit::metrics::Cached;
@@ -22,7 +23,7 @@ use crate::consumer::{Consumer, Rules};
 use crate::durable::Durable;
 use crate::lag::ConsumerLag;
 use crate::quarantine::Sweep;
-use crate::{Config, inbox_api, invoices};
+use crate::{Config, console, inbox_api, invoices};
 
 /// What handlers share.
 #[derive(Debug, Clone, FromRef)]
@@ -39,6 +40,8 @@ pub struct AppState {
     pub gauges: Arc<Cached<jetstream_outbox::inbox::InboxStats>>,
     /// The durable consumer's lag.
     pub lag: ConsumerLag,
+    /// The last hour of the console's charts.
+    pub history: History,
 }
 
 #[derive(OpenApi)]
@@ -89,6 +92,8 @@ pub struct App {
     router: Router,
     consumer: Consumer,
     cleanup: Cleanup,
+    /// The console's charts and how their gauges are brought up to date.
+    history: (History, Refresh),
 }
 
 impl App {
@@ -135,24 +140,25 @@ impl App {
             common.duplicate_window,
             sweep,
         );
-        let router = router(
-            AppState {
-                pool,
-                rules,
-                health: base.health(),
-                admin: AdminToken::new(common.admin_token.as_ref())
-                    .with_read(common.read_token.as_ref()),
-                gauges: Arc::new(Cached::new(service_kit::metrics::GAUGE_INTERVAL)),
-                lag,
-            },
-            http::Limits::from(common),
-            &common.subject_prefix,
-        );
+        let history = History::new(console::OPS.charts, common.ops_history_interval);
+        let state = AppState {
+            pool,
+            rules,
+            health: base.health(),
+            admin: AdminToken::new(common.admin_token.as_ref())
+                .with_read(common.read_token.as_ref()),
+            gauges: Arc::new(Cached::new(service_kit::metrics::GAUGE_INTERVAL)),
+            lag,
+            history: history.clone(),
+        };
+        let refresh = console::refresh(state.clone());
+        let router = router(state, http::Limits::from(common), &common.subject_prefix);
         Ok(Self {
             base,
             router,
             consumer,
             cleanup,
+            history: (history, refresh),
         })
     }
 
@@ -175,9 +181,11 @@ impl App {
         // In the service's own log target: scripts find the port in this line.
         tracing::info!(port = self.port(), "billing-service listening");
         let (consumer, cleanup) = (self.consumer, self.cleanup);
+        let (history, refresh) = self.history;
         let tasks = vec![
             BackgroundTask::new("consumer", |stop| consumer.run(stop)),
             BackgroundTask::new("cleanup", |stop| cleanup.run(stop)),
+            BackgroundTask::new("console history", |stop| history.run(refresh, stop)),
         ];
         self.base
             .run_until_stopped(self.router, tasks, shutdown)

@@ -1,5 +1,5 @@
 // Drives a service's /ops page in headless Chromium, as an operator would: sees the dead letter
-// in the counts, is refused with a wrong token; with the read-only token sees the dead letter
+// in the counts and the test's traffic in the charts, is refused with a wrong token; with the read-only token sees the dead letter
 // but is refused its action; types the admin token, clicks the action on the dead letter, sees
 // it leave the list and the action in the audit log; then, with BULK_ACTION set, filters the
 // list (FILTER_KEY=FILTER_VALUE), takes that action on every match with one click, is shown how
@@ -36,6 +36,10 @@ try {
   await page.goto(`${OPS_URL}/ops`);
   await page.waitForFunction(
     () => Number(document.getElementById("stat-dead")?.textContent) >= 1);
+  // The charts draw lines of at least two samples, and the traffic of the test shows in one.
+  await page.waitForFunction(() =>
+    [...document.querySelectorAll("#charts path.line")].some((p) => p.getAttribute("d").includes("L"))
+    && [...document.querySelectorAll("#charts figure")].some((f) => Number(f.dataset.max) > 0));
 
   await page.fill("#token", "not-the-token");
   await page.click("#use-token");

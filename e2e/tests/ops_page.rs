@@ -115,6 +115,8 @@ async fn orders_ops_page_retries_a_dead_event() {
     let mut config = names.orders_config();
     config.common.admin_token = Some(TOKEN.into());
     config.common.read_token = Some(READ_TOKEN.into());
+    // Samples every half second (the default is five), so that the charts draw within the test.
+    config.common.ops_history_interval = Duration::from_millis(500);
     config.relay.max_attempts = 1;
     let common = config.common.clone();
     let orders = RunningApp::orders(config).await;
@@ -206,6 +208,8 @@ async fn billing_ops_page_skips_a_dead_letter() {
     let mut config = names.billing_config();
     config.common.admin_token = Some(TOKEN.into());
     config.common.read_token = Some(READ_TOKEN.into());
+    // Samples every half second (the default is five), so that the charts draw within the test.
+    config.common.ops_history_interval = Duration::from_millis(500);
     let billing = RunningApp::billing(config).await;
 
     let js = jetstream::new(async_nats::connect(testing::nats_url()).await.unwrap());

@@ -7,9 +7,11 @@
 //! - [`config`]: settings from the environment;
 //! - [`startup`]: [`App`]: connections, migrations, the router, the relay, graceful shutdown;
 //! - [`orders`]: the `/orders` resource and its SQL;
-//! - [`outbox_api`]: the `/outbox/stats` route.
+//! - [`outbox_api`]: `/outbox/stats`, `/metrics`, the dead events and their admin actions;
+//! - [`console`]: what `/ops` shows (tiles, columns, actions, charts) and the outbox's gauges.
 
 pub mod config;
+pub mod console;
 pub mod orders;
 pub mod outbox_api;
 pub mod startup;

@@ -8,7 +8,6 @@ use serde::{Deserialize, Serialize};
 use service_kit::admin::{Admin, AdminRefusals, Reader};
 use service_kit::audit;
 use service_kit::dead::{self, BulkOutcome};
-use service_kit::ops::{Action, Column, Filter, OpsPage, Tile};
 use service_kit::pagination::{self, Page};
 use service_kit::problem::Problem;
 use service_kit::{ApiError, Json, Path, Query};
@@ -19,88 +18,10 @@ use uuid::Uuid;
 
 use crate::AppState;
 
-/// What `/ops` shows: the outbox's counts and its dead events.
-const OPS: OpsPage = OpsPage {
-    service: "orders-service",
-    stats: "/outbox/stats",
-    tiles: &[
-        Tile {
-            key: "pending",
-            label: "Pending events",
-            alert: false,
-        },
-        Tile {
-            key: "oldestPendingSeconds",
-            label: "Oldest pending",
-            alert: false,
-        },
-        Tile {
-            key: "dead",
-            label: "Dead events",
-            alert: true,
-        },
-        Tile {
-            key: "parked",
-            label: "Parked aggregates",
-            alert: true,
-        },
-    ],
-    dead: "/outbox/dead",
-    columns: &[
-        Column {
-            key: "id",
-            label: "Event id",
-        },
-        Column {
-            key: "aggregateId",
-            label: "Aggregate",
-        },
-        Column {
-            key: "eventType",
-            label: "Type",
-        },
-        Column {
-            key: "attempts",
-            label: "Attempts",
-        },
-        Column {
-            key: "lastError",
-            label: "Last error",
-        },
-        Column {
-            key: "createdAt",
-            label: "Enqueued",
-        },
-    ],
-    actions: &[
-        Action {
-            name: "retry",
-            label: "Retry",
-        },
-        Action {
-            name: "skip",
-            label: "Skip",
-        },
-    ],
-    filters: &[
-        Filter {
-            key: "aggregateType",
-            label: "Aggregate type",
-        },
-        Filter {
-            key: "eventType",
-            label: "Event type",
-        },
-        Filter {
-            key: "errorContains",
-            label: "Error contains",
-        },
-    ],
-};
-
 /// The outbox routes and the ops page.
 pub fn router() -> OpenApiRouter<AppState> {
-    OPS.router()
+    crate::console::OPS
+        .router()
         .routes(routes!(stats))
         .routes(routes!(metrics))
         .routes(routes!(list_dead))
@@ -145,11 +66,7 @@ pub fn describe_metrics() {
     (status = 200, description = "Prometheus text format", body = String, content_type = "text/plain"),
 ))]
 async fn metrics(State(state): State<AppState>) -> Result<String, ApiError> {
-    let current = state.gauges.get(outbox::stats(&state.pool)).await?;
-    metrics::gauge!("outbox_pending_events").set(current.pending as f64);
-    metrics::gauge!("outbox_dead_events").set(current.dead as f64);
-    metrics::gauge!("outbox_parked_aggregates").set(current.parked as f64);
-    metrics::gauge!("outbox_oldest_pending_seconds").set(current.oldest_pending_seconds);
+    crate::console::update_gauges(&state).await?;
     Ok(service_kit::metrics::render())
 }
 

@@ -11,6 +11,7 @@ use jetstream_outbox::{
     Cleanup, JetStreamPublisher, RELAY_CONNECTIONS, Relay, StreamRepair, Wakeup,
 };
 use service_kit::admin::{AdminSecurity, AdminToken};
+use service_kit::history::{History, Refresh};
 use service_kit::http::{self, BackgroundTask, Health};
 use service_kit::infra;
 use service_kit::metrics::Cached;
@@ -21,7 +22,7 @@ use sqlx::migrate::Migrator;
 use utoipa::OpenApi;
 use utoipa_axum::router::OpenApiRouter;
 
-use crate::{Config, orders, outbox_api};
+use crate::{Config, console, orders, outbox_api};
 
 /// What handlers share.
 #[derive(Debug, Clone, FromRef)]
@@ -38,6 +39,8 @@ pub struct AppState {
     pub admin: AdminToken,
     /// The outbox gauges of `/metrics`, computed at most once per second.
     pub gauges: Arc<Cached<jetstream_outbox::OutboxStats>>,
+    /// The last hour of the console's charts.
+    pub history: History,
 }
 
 #[derive(OpenApi)]
@@ -88,6 +91,8 @@ pub struct App {
     router: Router,
     relay: Option<Relay<JetStreamPublisher>>,
     cleanup: Cleanup,
+    /// The console's charts and how their gauges are brought up to date.
+    history: (History, Refresh),
 }
 
 impl App {
@@ -132,16 +137,20 @@ impl App {
         } else {
             None
         };
+        let history = History::new(console::OPS.charts, config.common.ops_history_interval);
+        let state = AppState {
+            connections: Connections::for_requests(pool.clone()),
+            pool: pool.clone(),
+            wakeup,
+            health: base.health(),
+            admin: AdminToken::new(config.common.admin_token.as_ref())
+                .with_read(config.common.read_token.as_ref()),
+            gauges: Arc::new(Cached::new(service_kit::metrics::GAUGE_INTERVAL)),
+            history: history.clone(),
+        };
+        let refresh = console::refresh(state.clone());
         let router = router(
-            AppState {
-                connections: Connections::for_requests(pool.clone()),
-                pool: pool.clone(),
-                wakeup,
-                health: base.health(),
-                admin: AdminToken::new(config.common.admin_token.as_ref())
-                    .with_read(config.common.read_token.as_ref()),
-                gauges: Arc::new(Cached::new(service_kit::metrics::GAUGE_INTERVAL)),
-            },
+            state,
             http::Limits::from(&config.common),
             &config.common.subject_prefix,
         );
@@ -150,6 +159,7 @@ impl App {
             router,
             relay,
             cleanup: Cleanup::outbox(pool, config.outbox_retention),
+            history: (history, refresh),
         })
     }
 
@@ -172,7 +182,11 @@ impl App {
         // In the service's own log target: scripts find the port in this line.
         tracing::info!(port = self.port(), "orders-service listening");
         let cleanup = self.cleanup;
-        let mut tasks = vec![BackgroundTask::new("cleanup", |stop| cleanup.run(stop))];
+        let (history, refresh) = self.history;
+        let mut tasks = vec![
+            BackgroundTask::new("cleanup", |stop| cleanup.run(stop)),
+            BackgroundTask::new("console history", |stop| history.run(refresh, stop)),
+        ];
         if let Some(relay) = self.relay {
             tasks.push(BackgroundTask::new("relay", |stop| relay.run(stop)));
         }

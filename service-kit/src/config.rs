@@ -153,6 +153,12 @@ pub struct Common {
           help_heading = "HTTP")]
     pub http_max_concurrency: usize,
 
+    /// How often the console's charts (`/ops`) sample the service's metrics, in milliseconds;
+    /// they keep the last hour (100 to 60000).
+    #[arg(long = "ops-history-interval-ms", env = "OPS_HISTORY_INTERVAL_MS",
+          default_value = "5000", value_parser = millis(), help_heading = "HTTP")]
+    pub ops_history_interval: Duration,
+
     /// Log lines as human-readable text or JSON; RUST_LOG filters them (default info).
     #[arg(long, env = "LOG_FORMAT", value_enum, default_value_t = LogFormat::Pretty,
           help_heading = "Telemetry")]
@@ -253,6 +259,12 @@ impl Common {
             "HTTP_TIMEOUT_MS",
             !self.http_timeout.is_zero(),
             "must be positive",
+        )?;
+        ensure(
+            "OPS_HISTORY_INTERVAL_MS",
+            (Duration::from_millis(100)..=Duration::from_secs(60))
+                .contains(&self.ops_history_interval),
+            "must be between 100 and 60000",
         )?;
         ensure(
             "NATS_DUPLICATE_WINDOW_MS",

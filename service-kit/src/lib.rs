@@ -9,6 +9,7 @@
 //! - [`problem`]: [`ApiError`] and the extractors that turn rejections into problem+json;
 //! - [`http`]: the middleware stack (request id, trace span, error logging), health and
 //!   readiness, `/openapi.json`, `/asyncapi.json` and `/docs`, serving with graceful shutdown;
+//! - [`history`]: the last hour of the service's metrics, for the console's charts;
 //! - [`infra`]: database creation and connection, NATS connection, stream set-up;
 //! - [`metrics`]: the Prometheus recorder and per-route HTTP metrics;
 //! - [`ops`]: the `/ops` page (live counts, dead letters with their admin actions);
@@ -22,6 +23,7 @@ pub mod audit;
 pub mod config;
 pub mod dead;
 pub mod events;
+pub mod history;
 pub mod http;
 pub mod infra;
 pub mod metrics;

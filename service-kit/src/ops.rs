@@ -23,6 +23,7 @@ use utoipa_axum::routes;
 
 use crate::admin::{AdminRefusals, AdminToken, Reader};
 use crate::audit::{self, AuditEntry};
+use crate::history::{Chart, History, Samples};
 use crate::pagination::{self, Page};
 use crate::{ApiError, Json, Query};
 
@@ -51,6 +52,8 @@ pub struct OpsPage {
     pub actions: &'static [Action],
     /// The filters of the dead-letter list and of the bulk actions.
     pub filters: &'static [Filter],
+    /// The charts of the last hour (`GET /ops/history`).
+    pub charts: &'static [Chart],
 }
 
 /// One stat of the stats JSON.
@@ -105,16 +108,18 @@ impl OpsPage {
             .replace("{{config}}", &config)
     }
 
-    /// `/ops`, its script and stylesheet, and `/ops/audit`.
+    /// `/ops`, its script and stylesheet, `/ops/audit` and `/ops/history`.
     pub fn router<S>(&self) -> OpenApiRouter<S>
     where
         S: Clone + Send + Sync + 'static,
         PgPool: FromRef<S>,
         AdminToken: FromRef<S>,
+        History: FromRef<S>,
     {
         OpenApiRouter::new()
             .routes(routes!(ops_page))
             .routes(routes!(audit_log))
+            .routes(routes!(history))
             .route(
                 "/ops/app.js",
                 get(|| async { with_headers("text/javascript", SCRIPT) }),
@@ -134,6 +139,14 @@ impl OpsPage {
 ))]
 async fn ops_page(Extension(Html(html)): Extension<Html>) -> Response {
     with_headers("text/html; charset=utf-8", html.to_string())
+}
+
+/// The last hour of the charts' lines: a sample every `intervalSeconds`, oldest first.
+#[utoipa::path(get, path = "/ops/history", tag = "operations", responses(
+    (status = 200, description = "The charts' samples", body = Samples),
+))]
+async fn history(State(history): State<History>) -> Json<Samples> {
+    Json(history.samples())
 }
 
 /// A page of the audit log.
@@ -205,6 +218,7 @@ mod tests {
         columns: &[],
         actions: &[],
         filters: &[],
+        charts: &[],
     };
 
     #[test]

@@ -238,7 +238,15 @@ impl Consumer {
             ..
         } = in_hand;
         let ack = match verdict {
-            Verdict::Ack => AckKind::Ack,
+            Verdict::Ack => {
+                if let Ok(info) = message.info() {
+                    let stored = info.published.unix_timestamp_nanos();
+                    let now = i128::from(chrono::Utc::now().timestamp_nanos_opt().unwrap_or(0));
+                    metrics::histogram!("billing_publish_to_apply_seconds")
+                        .record(((now - stored) as f64 / 1e9).max(0.0));
+                }
+                AckKind::Ack
+            }
             Verdict::Retry(_) => AckKind::Nak(Some(self.config.retry_delay)),
             Verdict::Dead(reason) => {
                 let reason = reason.to_string();

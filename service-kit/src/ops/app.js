@@ -63,6 +63,94 @@ async function refreshStats() {
   }
 }
 
+// The charts of the last hour, drawn as SVG from /ops/history (the service's own samples).
+const SVG = "http://www.w3.org/2000/svg";
+const CHART_W = 360;
+const CHART_H = 90;
+const HOUR_MS = 3600 * 1000;
+const MIN_SPAN_MS = 60 * 1000;
+
+function svg(tag, attributes) {
+  const node = document.createElementNS(SVG, tag);
+  for (const [name, value] of Object.entries(attributes)) node.setAttribute(name, String(value));
+  return node;
+}
+
+function formatValue(value, unit) {
+  if (value === null || value === undefined) return "–";
+  if (unit === "s") return value < 1 ? `${(value * 1000).toFixed(0)} ms` : `${value.toFixed(2)} s`;
+  if (unit === "/s") return `${value < 10 ? value.toFixed(1) : value.toFixed(0)}/s`;
+  return String(Math.round(value));
+}
+
+function formatSpan(ms) {
+  const minutes = Math.round(ms / 60000);
+  return minutes <= 1 ? "minute" : minutes >= 60 ? "hour" : `${minutes} minutes`;
+}
+
+// One path per line: a segment per run of known values, x by time over the span shown.
+function linePath(at, values, start, span, top) {
+  let path = "";
+  let drawing = false;
+  values.forEach((value, i) => {
+    if (value === null || value === undefined) { drawing = false; return; }
+    const x = ((Date.parse(at[i]) - start) / span) * CHART_W;
+    const y = CHART_H - (value / top) * (CHART_H - 4) - 2;
+    path += `${drawing ? "L" : "M"}${x.toFixed(1)},${y.toFixed(1)} `;
+    drawing = true;
+  });
+  return path.trim();
+}
+
+async function refreshCharts() {
+  let history;
+  try {
+    const response = await fetch("/ops/history", { cache: "no-store" });
+    if (!response.ok) throw new Error(await problemDetail(response));
+    history = await response.json();
+  } catch (error) {
+    document.getElementById("charts-note").textContent = `(unavailable: ${error.message})`;
+    return;
+  }
+  // The x axis spans what is held, up to the hour, so the first minutes fill the chart too.
+  const now = Date.now();
+  const oldest = history.at.length ? Date.parse(history.at[0]) : now;
+  const span = Math.min(Math.max(now - oldest, MIN_SPAN_MS), HOUR_MS);
+  const start = now - span;
+  document.getElementById("charts-note").textContent = history.at.length < 2
+    ? "(collecting…)"
+    : `(the last ${formatSpan(span)}, a sample every ${history.intervalSeconds} s)`;
+  const cards = config.charts.map((chart, c) => {
+    const series = chart.lines.map((line) => history.values[line.key] || []);
+    const known = series.flat().filter((v) => v !== null && v !== undefined);
+    const max = Math.max(...known, 0);
+    const top = max || 1;
+    const plot = svg("svg", { viewBox: `0 0 ${CHART_W} ${CHART_H}`, role: "img",
+      "aria-label": chart.title, class: "chart" });
+    plot.append(svg("line", { x1: 0, y1: CHART_H - 1, x2: CHART_W, y2: CHART_H - 1, class: "axis" }));
+    chart.lines.forEach((line, l) => {
+      const d = linePath(history.at, series[l], start, span, top);
+      if (d) plot.append(svg("path", { d, class: `line line-${l}`, "data-key": line.key }));
+    });
+    const legend = chart.lines.map((line, l) => {
+      const latest = series[l].length ? series[l][series[l].length - 1] : null;
+      return el("span", { className: `legend line-${l}` }, [
+        el("span", { className: "swatch" }),
+        `${line.label} ${formatValue(latest, chart.unit)}`,
+      ]);
+    });
+    const figure = el("figure", { className: "card", id: `chart-${c}` }, [
+      el("figcaption", {}, [el("strong", { textContent: chart.title }),
+        el("span", { className: "muted max", textContent: ` max ${formatValue(max, chart.unit)}` })]),
+      plot,
+      el("div", { className: "legends" }, legend),
+    ]);
+    figure.dataset.max = String(max);
+    return figure;
+  });
+  document.getElementById("charts").replaceChildren(...cards);
+}
+
 function cell(column, item) {
   const value = item[column.key];
   const text = value === null || value === undefined
@@ -256,6 +344,7 @@ showFilters();
 
 function tick() {
   refreshStats();
+  refreshCharts();
   refreshDead();
   refreshAudit();
 }
