@@ -87,6 +87,7 @@ pub const OPS: OpsPage = OpsPage {
         },
     ],
     charts: CHARTS,
+    drain: None,
 };
 
 /// The charts of `/ops`.

@@ -5,7 +5,7 @@
 use jetstream_outbox::outbox;
 use service_kit::ApiError;
 use service_kit::history::{Chart, Line, Read, Refresh};
-use service_kit::ops::{Action, Column, Filter, OpsPage, Tile};
+use service_kit::ops::{Action, Column, Drain, Filter, OpsPage, Tile};
 
 use crate::AppState;
 
@@ -87,6 +87,11 @@ pub const OPS: OpsPage = OpsPage {
         },
     ],
     charts: CHARTS,
+    drain: Some(Drain {
+        backlog: "pending",
+        inflow: "accepted",
+        outflow: "published",
+    }),
 };
 
 /// The charts of `/ops`.
@@ -178,6 +183,7 @@ const CHARTS: &[Chart] = &[
 pub async fn update_gauges(state: &AppState) -> Result<(), ApiError> {
     let current = state.gauges.get(outbox::stats(&state.pool)).await?;
     metrics::gauge!("outbox_pending_events").set(current.pending as f64);
+    metrics::gauge!("outbox_pending_events_margin").set(current.pending_margin as f64);
     metrics::gauge!("outbox_dead_events").set(current.dead as f64);
     metrics::gauge!("outbox_parked_aggregates").set(current.parked as f64);
     metrics::gauge!("outbox_oldest_pending_seconds").set(current.oldest_pending_seconds);

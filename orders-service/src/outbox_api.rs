@@ -31,8 +31,9 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(skip_matching))
 }
 
-/// Pending, dead and parked events (each counted up to 10,000: `exact` is false when one
-/// reached it) and the age of the oldest pending one, read through indexes in constant time.
+/// Pending events (exact below 10,000, estimated beyond with a margin), dead and parked events
+/// (counted up to 10,000: `exact` is false when a count reached it) and the age of the oldest
+/// pending one, read through indexes in constant time.
 #[utoipa::path(get, path = "/outbox/stats", tag = "outbox",
     responses((status = 200, description = "Current outbox counts", body = OutboxStats)))]
 async fn stats(State(state): State<AppState>) -> Result<Json<OutboxStats>, ApiError> {
@@ -44,7 +45,11 @@ async fn stats(State(state): State<AppState>) -> Result<Json<OutboxStats>, ApiEr
 pub fn describe_metrics() {
     metrics::describe_gauge!(
         "outbox_pending_events",
-        "Events not yet published (counted up to 10,000)."
+        "Events not yet published: exact below 10,000, estimated beyond."
+    );
+    metrics::describe_gauge!(
+        "outbox_pending_events_margin",
+        "How far the truth may be from outbox_pending_events (95% interval), 0 when exact."
     );
     metrics::describe_gauge!(
         "outbox_dead_events",

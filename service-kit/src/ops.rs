@@ -54,6 +54,20 @@ pub struct OpsPage {
     pub filters: &'static [Filter],
     /// The charts of the last hour (`GET /ops/history`).
     pub charts: &'static [Chart],
+    /// How long the backlog takes to drain at the recent rates, shown as a tile.
+    pub drain: Option<Drain>,
+}
+
+/// A backlog (a stat's key) and the chart lines (keys) that fill and empty it: the page
+/// divides the backlog by the net rate of the last minute.
+#[derive(Debug, Clone, Serialize)]
+pub struct Drain {
+    /// The stat holding the backlog.
+    pub backlog: &'static str,
+    /// The line of what arrives, per second.
+    pub inflow: &'static str,
+    /// The line of what leaves, per second.
+    pub outflow: &'static str,
 }
 
 /// One stat of the stats JSON.
@@ -219,6 +233,7 @@ mod tests {
         actions: &[],
         filters: &[],
         charts: &[],
+        drain: None,
     };
 
     #[test]

@@ -1,5 +1,6 @@
 //! The producer side: [`enqueue`] in the caller's transaction, stats, dead letters and cleanup.
 
+mod estimate;
 pub(crate) mod storage;
 
 use storage::Resolution;
@@ -37,37 +38,53 @@ pub async fn enqueue(tx: &mut Transaction<'_, Postgres>, event: &NewEvent) -> sq
     Ok(id)
 }
 
-/// The most rows one count of [`stats`] reads: a count that reaches it means "at least this
-/// many". It keeps the stats as cheap with millions of pending events as with ten, which is
-/// when operators watch them.
+/// The most rows one count of [`stats`] reads: a dead or parked count that reaches it means
+/// "at least this many", and a pending count past it is estimated. It keeps the stats as cheap
+/// with millions of pending events as with ten, which is when operators watch them.
 pub const COUNT_LIMIT: i64 = 10_000;
 
-/// A snapshot of the outbox for dashboards and alerts, read in constant time: each count is
-/// exact below [`COUNT_LIMIT`] and stops there.
+/// A snapshot of the outbox for dashboards and alerts, read in constant time.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[non_exhaustive]
 #[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct OutboxStats {
-    /// Events not yet published (including those waiting behind a dead event), up to 10,000.
+    /// Events not yet published (including those waiting behind a dead event): exact below
+    /// 10,000, estimated beyond (see `pendingMargin`).
     pub pending: i64,
+    /// How far the truth may be from `pending` (a 95% interval's half-width): 0 when it is
+    /// exact.
+    pub pending_margin: i64,
     /// Events that exhausted their attempts and wait for an operator, up to 10,000.
     pub dead: i64,
     /// Aggregates whose later events are held back by a dead event, up to 10,000.
     pub parked: i64,
     /// Age of the oldest pending event (always exact), 0 when nothing is pending.
     pub oldest_pending_seconds: f64,
-    /// False when a count reached 10,000 and so means "at least 10,000".
+    /// False when a count reached 10,000: `pending` is then an estimate, and `dead` or
+    /// `parked` at 10,000 means "at least 10,000".
     pub exact: bool,
 }
 
 /// Reads the current [`OutboxStats`].
 pub async fn stats(pool: &PgPool) -> sqlx::Result<OutboxStats> {
-    let mut stats = storage::stats(pool, COUNT_LIMIT).await?;
-    stats.exact = [stats.pending, stats.dead, stats.parked]
-        .iter()
-        .all(|count| *count < COUNT_LIMIT);
-    Ok(stats)
+    let counts = storage::counts(pool, COUNT_LIMIT).await?;
+    let (mut pending, mut pending_margin) = (counts.pending, 0);
+    if counts.pending >= COUNT_LIMIT {
+        let probe = storage::probe_pending(pool, estimate::PROBES).await?;
+        let found = estimate::estimate(probe.span, estimate::PROBES, probe.hits, COUNT_LIMIT);
+        (pending, pending_margin) = (found.count, found.margin);
+    }
+    Ok(OutboxStats {
+        pending,
+        pending_margin,
+        dead: counts.dead,
+        parked: counts.parked,
+        oldest_pending_seconds: counts.oldest_pending_seconds,
+        exact: [counts.pending, counts.dead, counts.parked]
+            .iter()
+            .all(|count| *count < COUNT_LIMIT),
+    })
 }
 
 /// An event that exhausted its attempts.

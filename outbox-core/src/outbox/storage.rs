@@ -6,7 +6,7 @@ use std::time::Duration;
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
-use super::{DeadEvent, DeadFilter, OutboxStats};
+use super::{DeadEvent, DeadFilter};
 use crate::NewEvent;
 
 /// Inserts one event through `outbox_enqueue`, which takes the per-aggregate advisory lock
@@ -30,11 +30,19 @@ pub(crate) async fn insert(
     Ok(())
 }
 
+/// Pending, dead and parked events, each counted up to a limit, and the oldest pending age.
+pub(crate) struct Counts {
+    pub pending: i64,
+    pub dead: i64,
+    pub parked: i64,
+    pub oldest_pending_seconds: f64,
+}
+
 /// Counts pending, dead and parked events, each up to `limit`, and reads the age of the oldest
 /// pending one: every part through an index, so the cost does not grow with the table.
-pub(crate) async fn stats(pool: &PgPool, limit: i64) -> sqlx::Result<OutboxStats> {
+pub(crate) async fn counts(pool: &PgPool, limit: i64) -> sqlx::Result<Counts> {
     sqlx::query_as!(
-        OutboxStats,
+        Counts,
         r#"
         SELECT
             (SELECT count(*) FROM (SELECT FROM outbox WHERE status = 'pending' LIMIT $1) p)
@@ -48,10 +56,47 @@ pub(crate) async fn stats(pool: &PgPool, limit: i64) -> sqlx::Result<OutboxStats
             -- The claim's index, in seq order: the first pending row is the oldest.
             COALESCE(EXTRACT(EPOCH FROM now() - (
                 SELECT created_at FROM outbox WHERE status = 'pending' ORDER BY seq LIMIT 1
-            )), 0)::float8 AS "oldest_pending_seconds!",
-            true AS "exact!"
+            )), 0)::float8 AS "oldest_pending_seconds!"
         "#,
         limit,
+    )
+    .fetch_one(pool)
+    .await
+}
+
+/// The span of sequence numbers pending events occupy, and how many of `probes` sequence
+/// numbers drawn in it are pending events, one at random in each of `probes` equal parts of the
+/// span: each probe is one look-up in the claim's index, so the cost does not grow with the
+/// backlog.
+pub(crate) struct Probe {
+    pub span: i64,
+    pub hits: i64,
+}
+
+pub(crate) async fn probe_pending(pool: &PgPool, probes: i64) -> sqlx::Result<Probe> {
+    sqlx::query_as!(
+        Probe,
+        r#"
+        WITH ends AS (
+            SELECT
+                (SELECT seq FROM outbox WHERE status = 'pending' ORDER BY seq LIMIT 1) AS first,
+                (SELECT seq FROM outbox WHERE status = 'pending' ORDER BY seq DESC LIMIT 1)
+                    AS last
+        ),
+        draws AS (
+            -- One draw per part: a dense run and a sparse one are each sampled in proportion.
+            SELECT first + floor((part - 1 + random()) * (last - first + 1) / $1::bigint)::bigint
+                AS seq
+            FROM ends, generate_series(1, $1::bigint) AS part
+        )
+        SELECT
+            COALESCE((SELECT last - first + 1 FROM ends), 0) AS "span!",
+            -- LIMIT keeps each probe a look-up of its own, never a join over the table.
+            (SELECT count(*) FROM draws CROSS JOIN LATERAL (
+                SELECT FROM outbox o WHERE o.seq = draws.seq AND o.status = 'pending' LIMIT 1
+            ) hit) AS "hits!"
+        "#,
+        probes,
     )
     .fetch_one(pool)
     .await

@@ -33,13 +33,36 @@ async function problemDetail(response) {
 }
 
 // Counts stop at a limit (the stats stay cheap with millions of rows): one that reached it
-// reads "at least".
+// reads "at least", unless the stats estimate it (a `…Margin` beside it).
 const COUNT_LIMIT = 10000;
 
 function formatStat(key, value, stats) {
   if (typeof value === "number" && key.endsWith("Seconds")) return `${value.toFixed(1)} s`;
-  if (stats.exact === false && value >= COUNT_LIMIT) return `≥ ${value}`;
-  return String(value);
+  const margin = stats[`${key}Margin`];
+  if (margin > 0) return `≈ ${value.toLocaleString()} ± ${margin.toLocaleString()}`;
+  if (margin === undefined && stats.exact === false && value >= COUNT_LIMIT) {
+    return `≥ ${value.toLocaleString()}`;
+  }
+  return typeof value === "number" ? value.toLocaleString() : String(value);
+}
+
+function formatDuration(seconds) {
+  if (seconds < 90) return `${Math.round(seconds)} s`;
+  if (seconds < 90 * 60) return `${Math.round(seconds / 60)} min`;
+  return `${(seconds / 3600).toFixed(1)} h`;
+}
+
+// How long the backlog takes to drain: the backlog over the net rate (what leaves less what
+// arrives) of the last minute of the charts' samples.
+let drainRates = null;
+
+function drainText(stats) {
+  const backlog = stats[config.drain.backlog];
+  if (!(backlog > 0)) return "drained";
+  if (!drainRates) return "–";
+  const net = drainRates.outflow - drainRates.inflow;
+  if (net <= 0) return drainRates.outflow > 0 ? "not draining" : "stalled";
+  return `~${formatDuration(backlog / net)}`;
 }
 
 async function refreshStats() {
@@ -55,6 +78,12 @@ async function refreshStats() {
         el("div", { className: "muted", textContent: label }),
         el("div", { className: "value", id: `stat-${key}`, textContent: formatStat(key, stats[key], stats) }),
       ]));
+    if (config.drain) {
+      tiles.push(el("div", { className: "tile", title: `${config.drain.backlog} / (${config.drain.outflow} − ${config.drain.inflow}), the last minute` }, [
+        el("div", { className: "muted", textContent: "Drains in" }),
+        el("div", { className: "value", id: "stat-drain", textContent: drainText(stats) }),
+      ]));
+    }
     document.getElementById("stats").replaceChildren(...tiles);
     document.getElementById("updated").textContent =
       `updated ${new Date().toLocaleTimeString()}`;
@@ -80,7 +109,7 @@ function formatValue(value, unit) {
   if (value === null || value === undefined) return "–";
   if (unit === "s") return value < 1 ? `${(value * 1000).toFixed(0)} ms` : `${value.toFixed(2)} s`;
   if (unit === "/s") return `${value < 10 ? value.toFixed(1) : value.toFixed(0)}/s`;
-  return String(Math.round(value));
+  return Math.round(value).toLocaleString();
 }
 
 function formatSpan(ms) {
@@ -120,6 +149,17 @@ async function refreshCharts() {
   document.getElementById("charts-note").textContent = history.at.length < 2
     ? "(collecting…)"
     : `(the last ${formatSpan(span)}, a sample every ${history.intervalSeconds} s)`;
+  if (config.drain) {
+    const recent = (key) => {
+      const values = (history.values[key] || [])
+        .slice(-Math.max(1, Math.round(60 / history.intervalSeconds)))
+        .filter((v) => v !== null && v !== undefined);
+      return values.length ? values.reduce((a, b) => a + b, 0) / values.length : null;
+    };
+    const inflow = recent(config.drain.inflow);
+    const outflow = recent(config.drain.outflow);
+    drainRates = inflow === null || outflow === null ? null : { inflow, outflow };
+  }
   const cards = config.charts.map((chart, c) => {
     const series = chart.lines.map((line) => history.values[line.key] || []);
     const known = series.flat().filter((v) => v !== null && v !== undefined);

@@ -1,0 +1,85 @@
+//! The outbox's stats past the count's limit: a backlog of any size reads as itself, within
+//! 10%, and with a margin that holds the truth; below the limit it is exact.
+
+mod common;
+
+use common::migrate;
+use jetstream_outbox::outbox;
+use sqlx::PgPool;
+
+/// Inserts `rows` pending events straight into the outbox, as a long outage leaves them.
+async fn fill(pool: &PgPool, rows: i64) {
+    sqlx::query(
+        "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload)
+         SELECT gen_random_uuid(), 'order', 'o' || i, 'OrderPlaced', '{}'
+         FROM generate_series(1, $1) AS i",
+    )
+    .bind(rows)
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
+/// Checks the stats against a full count of the pending rows.
+async fn assert_estimated(pool: &PgPool, case: &str) {
+    let truth: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox WHERE status = 'pending'")
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    let stats = outbox::stats(pool).await.unwrap();
+    let error = (stats.pending - truth).abs();
+    assert!(
+        error * 10 <= truth,
+        "{case}: {} pending read for {truth}: {stats:?}",
+        stats.pending
+    );
+    assert!(
+        error <= stats.pending_margin,
+        "{case}: the margin must hold the truth ({truth}): {stats:?}"
+    );
+    assert!(!stats.exact, "{case}: {stats:?}");
+}
+
+#[sqlx::test(migrations = false)]
+async fn below_the_limit_the_backlog_is_counted_exactly(pool: PgPool) {
+    migrate(&pool).await;
+    fill(&pool, outbox::COUNT_LIMIT - 1).await;
+    let stats = outbox::stats(&pool).await.unwrap();
+    assert_eq!(
+        (stats.pending, stats.pending_margin, stats.exact),
+        (outbox::COUNT_LIMIT - 1, 0, true)
+    );
+}
+
+/// An outage's backlog in one run of sequence numbers.
+#[sqlx::test(migrations = false)]
+async fn a_backlog_of_one_run_is_estimated_within_ten_percent(pool: PgPool) {
+    migrate(&pool).await;
+    fill(&pool, 300_000).await;
+    assert_estimated(&pool, "one run").await;
+}
+
+/// Gaps everywhere: rolled-back transactions took a tenth of the sequence numbers.
+#[sqlx::test(migrations = false)]
+async fn a_backlog_with_gaps_is_estimated_within_ten_percent(pool: PgPool) {
+    migrate(&pool).await;
+    fill(&pool, 200_000).await;
+    sqlx::query("DELETE FROM outbox WHERE random() < 0.1")
+        .execute(&pool)
+        .await
+        .unwrap();
+    assert_estimated(&pool, "gaps").await;
+}
+
+/// A parked event far back stretches the span the backlog occupies twentyfold.
+#[sqlx::test(migrations = false)]
+async fn a_backlog_behind_an_old_parked_event_is_estimated_within_ten_percent(pool: PgPool) {
+    migrate(&pool).await;
+    fill(&pool, 1).await;
+    sqlx::query("ALTER TABLE outbox ALTER COLUMN seq RESTART WITH 2000000")
+        .execute(&pool)
+        .await
+        .unwrap();
+    fill(&pool, 100_000).await;
+    assert_estimated(&pool, "parked far back").await;
+}
