@@ -1,17 +1,18 @@
 // Drives a service's /ops page in headless Chromium, as an operator would: sees the dead letter
 // in the counts and the test's traffic in the charts, is refused with a wrong token; with the read-only token sees the dead letter
 // but is refused its action; types the admin token, clicks the action on the dead letter, sees
-// it leave the list and the action in the audit log; then, with BULK_ACTION set, filters the
+// it leave the list and the action in the audit log (having opened its details, which must show
+// EXPECT_DETAIL, and confirmed a skip); then, with BULK_ACTION set, filters the
 // list (FILTER_KEY=FILTER_VALUE), takes that action on every match with one click, is shown how
 // many and which first before confirming, and sees the list empty. The Rust test that starts
 // this checks the effects (published, skipped) in the database and on the stream.
 //
-//   OPS_URL=http://127.0.0.1:8080 ADMIN_TOKEN=… READ_TOKEN=… DEAD_ID=… ACTION=retry \
+//   OPS_URL=http://127.0.0.1:8080 ADMIN_TOKEN=… READ_TOKEN=… DEAD_ID=… ACTION=retry EXPECT_DETAIL=… \
 //     [BULK_ACTION=retry FILTER_KEY=errorContains FILTER_VALUE=size] [SCREENSHOT=x.png] \
 //     node ops-page.mjs
 import { chromium } from "playwright-core";
 
-const { OPS_URL, ADMIN_TOKEN, READ_TOKEN, DEAD_ID, ACTION, SCREENSHOT } = process.env;
+const { OPS_URL, ADMIN_TOKEN, READ_TOKEN, DEAD_ID, ACTION, SCREENSHOT, EXPECT_DETAIL } = process.env;
 const { BULK_ACTION, FILTER_KEY, FILTER_VALUE } = process.env;
 const executablePath = process.env.CHROMIUM_PATH || "/usr/bin/chromium";
 const TIMEOUT = 20_000;
@@ -33,6 +34,17 @@ try {
   page.on("pageerror", (error) => problems.push(`page error: ${error.message}`));
   page.on("requestfailed", (request) => problems.push(`request failed: ${request.url()}`));
 
+  // A skip asks first, since it cannot be undone.
+  const acceptSkipQuestion = () => {
+    if (ACTION !== "skip") return;
+    page.once("dialog", (dialog) => {
+      if (!/given up for good/.test(dialog.message())) {
+        problems.push(`an unexpected question: ${dialog.message()}`);
+      }
+      dialog.accept();
+    });
+  };
+
   await page.goto(`${OPS_URL}/ops`);
   await page.waitForFunction(
     () => Number(document.getElementById("stat-dead")?.textContent) >= 1);
@@ -51,6 +63,7 @@ try {
   await page.fill("#token", READ_TOKEN);
   await page.click("#use-token");
   await row.waitFor();
+  acceptSkipQuestion();
   await row.locator(`button[data-action="${ACTION}"]`).click();
   await page.waitForSelector("#status.bad >> text=read-only");
   await row.waitFor();
@@ -60,6 +73,21 @@ try {
   await page.fill("#token", ADMIN_TOKEN);
   await page.click("#use-token");
   await row.waitFor();
+  // Its details show what it carried, and stay open across the page's refreshes.
+  await row.locator("button.details").click();
+  const detail = page.locator(`tr[data-detail-of="${DEAD_ID}"] pre`);
+  await detail.waitFor();
+  if (!(await detail.textContent()).includes(EXPECT_DETAIL)) {
+    problems.push(`the details lack ${EXPECT_DETAIL}: ${await detail.textContent()}`);
+  }
+  const updated = await page.textContent("#updated");
+  await page.waitForFunction((before) =>
+    document.getElementById("updated").textContent !== before, updated);
+  await detail.waitFor({ timeout: 1000 });
+  if (SCREENSHOT) {
+    await page.screenshot({ path: SCREENSHOT.replace(/\.png$/, "-detail.png"), fullPage: true });
+  }
+  acceptSkipQuestion();
   await row.locator(`button[data-action="${ACTION}"]`).click();
   await page.waitForSelector(`#status.good >> text=${DEAD_ID}`);
   await row.waitFor({ state: "detached" });

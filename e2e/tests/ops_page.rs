@@ -52,12 +52,14 @@ struct Bulk {
     value: String,
 }
 
-/// Runs the browser script against `url`; `None` when the browser tests cannot run here.
+/// Runs the browser script against `url`, which must show `expect_detail` in the dead item's
+/// details; `None` when the browser tests cannot run here.
 async fn drive_ops_page(
     service: &str,
     url: &str,
     dead_id: &str,
     action: &str,
+    expect_detail: &str,
     bulk: Bulk,
 ) -> Option<()> {
     // Kept in the test build's folder: what the page looked like at the end.
@@ -79,6 +81,7 @@ async fn drive_ops_page(
         .env("SCREENSHOT", &screenshot)
         .env("DEAD_ID", dead_id)
         .env("ACTION", action)
+        .env("EXPECT_DETAIL", expect_detail)
         .env("BULK_ACTION", bulk.action)
         .env("FILTER_KEY", bulk.key)
         .env("FILTER_VALUE", bulk.value)
@@ -165,9 +168,16 @@ async fn orders_ops_page_retries_a_dead_event() {
         .await
         .unwrap();
 
-    if drive_ops_page("orders", &orders.url, &event_id, "retry", bulk)
-        .await
-        .is_some()
+    if drive_ops_page(
+        "orders",
+        &orders.url,
+        &event_id,
+        "retry",
+        r#""customer": "ada""#,
+        bulk,
+    )
+    .await
+    .is_some()
     {
         let stream_ids = eventually("both events on the stream", WAIT, || async {
             let mut stream = js.get_stream(&names.stream).await.ok()?;
@@ -241,9 +251,16 @@ async fn billing_ops_page_skips_a_dead_letter() {
         value: "OrderPlaced".into(),
     };
 
-    if drive_ops_page("billing", &billing.url, &id.to_string(), "skip", bulk)
-        .await
-        .is_some()
+    if drive_ops_page(
+        "billing",
+        &billing.url,
+        &id.to_string(),
+        "skip",
+        "<b>not json</b>",
+        bulk,
+    )
+    .await
+    .is_some()
     {
         let resolutions: Vec<Option<String>> =
             sqlx::query_scalar("SELECT resolution FROM inbox_dead ORDER BY id")

@@ -14,6 +14,39 @@ pub fn message_id(message: &async_nats::Message) -> Option<&str> {
     is_valid_token(id).then_some(id)
 }
 
+/// A dead letter's body as the API serves it: its text when it is UTF-8, else its bytes.
+#[derive(Debug, Clone, serde::Serialize)]
+#[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
+pub struct Body {
+    /// The body as text, when it is UTF-8.
+    pub text: Option<String>,
+    /// The body's bytes in hexadecimal, when it is not UTF-8.
+    pub hex: Option<String>,
+}
+
+impl Body {
+    /// `bytes` as text when they are UTF-8, else in hexadecimal.
+    pub fn of(bytes: &[u8]) -> Self {
+        match std::str::from_utf8(bytes) {
+            Ok(text) => Self {
+                text: Some(text.to_owned()),
+                hex: None,
+            },
+            Err(_) => Self {
+                text: None,
+                hex: Some(hex(bytes)),
+            },
+        }
+    }
+}
+
+pub(super) fn serialize_body<S: serde::Serializer>(
+    bytes: &[u8],
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    serde::Serialize::serialize(&Body::of(bytes), serializer)
+}
+
 /// Headers as a JSON object of string arrays, as dead letters keep them.
 pub(super) fn headers_json(headers: &HeaderMap) -> serde_json::Value {
     headers
@@ -49,15 +82,19 @@ pub(super) fn headers_from_json(json: &serde_json::Value) -> HeaderMap {
 /// JSONB string cannot (kept losslessly either way; [`headers_from_json`] reads both).
 fn header_value_json(value: &str) -> serde_json::Value {
     if value.contains('\0') {
-        let hex = value.bytes().fold(String::new(), |mut hex, b| {
-            use std::fmt::Write as _;
-            let _ = write!(hex, "{b:02x}");
-            hex
-        });
-        serde_json::json!({ "hex": hex })
+        serde_json::json!({ "hex": hex(value.as_bytes()) })
     } else {
         value.into()
     }
+}
+
+/// `bytes` in lower-case hexadecimal.
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().fold(String::new(), |mut hex, b| {
+        use std::fmt::Write as _;
+        let _ = write!(hex, "{b:02x}");
+        hex
+    })
 }
 
 /// The text of a value [`header_value_json`] wrote.
@@ -76,6 +113,14 @@ fn header_value_from_json(value: &serde_json::Value) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_body_is_text_when_it_can_be_and_bytes_otherwise() {
+        let text = Body::of(br#"{"a":1}"#);
+        assert_eq!((text.text.as_deref(), text.hex), (Some(r#"{"a":1}"#), None));
+        let bytes = Body::of(&[0xff, 0x00, b'a']);
+        assert_eq!((bytes.text, bytes.hex.as_deref()), (None, Some("ff0061")));
+    }
 
     fn message(headers: Option<HeaderMap>) -> async_nats::Message {
         async_nats::Message {

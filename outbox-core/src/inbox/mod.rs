@@ -31,7 +31,7 @@ use sha2::{Digest as _, Sha256};
 use sqlx::{PgConnection, PgPool};
 
 pub use consume::{ConsumeConfig, ConsumeError, consume};
-pub use message::message_id;
+pub use message::{Body, message_id};
 
 /// What happened to a message.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -197,8 +197,9 @@ pub struct DeadLetter {
     pub subject: String,
     /// Its headers, as a JSON object of arrays.
     pub headers: serde_json::Value,
-    /// Its body.
-    #[serde(skip)]
+    /// Its body: served as `body`, its text when it is UTF-8, else its bytes in hex.
+    #[serde(rename = "body", serialize_with = "message::serialize_body")]
+    #[cfg_attr(feature = "utoipa", schema(value_type = message::Body))]
     pub payload: Vec<u8>,
     /// Why it was dead-lettered.
     pub error: String,

@@ -109,6 +109,13 @@ pub struct DeadEvent {
     pub last_error: Option<String>,
     /// When the event was enqueued.
     pub created_at: DateTime<Utc>,
+    /// Its body.
+    pub payload: serde_json::Value,
+    /// The W3C traceparent it carries, if any.
+    pub traceparent: Option<String>,
+    /// Later events of its aggregate held back behind it (up to [`COUNT_LIMIT`]): what a retry
+    /// releases after it, and a skip releases without it.
+    pub waiting_behind: i64,
 }
 
 /// Which dead events a listing or a bulk action takes: those matching every filter set, all of

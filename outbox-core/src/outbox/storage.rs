@@ -112,13 +112,20 @@ pub(crate) async fn dead(
     sqlx::query_as!(
         DeadEvent,
         r#"
-        SELECT seq, id, aggregate_type, aggregate_id, event_type, attempts, last_error, created_at
-        FROM outbox
-        WHERE status = 'dead' AND seq > $1
-          AND ($3::text IS NULL OR aggregate_type = $3)
-          AND ($4::text IS NULL OR event_type = $4)
-          AND ($5::text IS NULL OR strpos(last_error, $5) > 0)
-        ORDER BY seq
+        SELECT d.seq, d.id, d.aggregate_type, d.aggregate_id, d.event_type, d.attempts,
+            d.last_error, d.created_at, d.payload, d.traceparent,
+            (SELECT count(*) FROM (
+                SELECT FROM outbox w
+                WHERE w.aggregate_type = d.aggregate_type AND w.aggregate_id = d.aggregate_id
+                  AND w.status = 'pending' AND w.seq > d.seq
+                LIMIT $6
+            ) behind) AS "waiting_behind!"
+        FROM outbox d
+        WHERE d.status = 'dead' AND d.seq > $1
+          AND ($3::text IS NULL OR d.aggregate_type = $3)
+          AND ($4::text IS NULL OR d.event_type = $4)
+          AND ($5::text IS NULL OR strpos(d.last_error, $5) > 0)
+        ORDER BY d.seq
         LIMIT $2
         "#,
         after_seq,
@@ -126,6 +133,7 @@ pub(crate) async fn dead(
         filter.aggregate_type,
         filter.event_type,
         filter.error_contains,
+        super::COUNT_LIMIT,
     )
     .fetch_all(pool)
     .await

@@ -58,7 +58,7 @@ let drainRates = null;
 
 function drainText(stats) {
   const backlog = stats[config.drain.backlog];
-  if (!(backlog > 0)) return "drained";
+  if (!(backlog > 0)) return "nothing pending";
   if (!drainRates) return "–";
   const net = drainRates.outflow - drainRates.inflow;
   if (net <= 0) return drainRates.outflow > 0 ? "not draining" : "stalled";
@@ -199,6 +199,14 @@ function cell(column, item) {
   return el("td", { className: column.key === "error" || column.key === "lastError" ? "error" : "", textContent: text });
 }
 
+// A skip cannot be undone: ask first, naming what waits behind the item.
+function confirmSkip(item) {
+  const behind = item.waitingBehind > 0
+    ? `\n${item.waitingBehind} later event(s) of ${item.aggregateType} ${item.aggregateId} wait behind it and go on without it.`
+    : "";
+  return window.confirm(`Skip ${item.id}? It is given up for good.${behind}`);
+}
+
 async function act(id, action) {
   const response = await fetch(`${config.dead}/${encodeURIComponent(id)}/${action.name}`, {
     method: "POST",
@@ -312,6 +320,56 @@ function showFilters() {
   document.getElementById("bulk").replaceChildren(...buttons);
 }
 
+// Rows whose details are open, kept across the refreshes.
+const openDetails = new Set();
+
+function pretty(text) {
+  try {
+    return JSON.stringify(JSON.parse(text), null, 2);
+  } catch {
+    return text;
+  }
+}
+
+// Bytes that are not UTF-8, sixteen to a line: offset, hex, and the printable ones.
+function hexDump(hex) {
+  const lines = [];
+  for (let at = 0; at < hex.length; at += 32) {
+    const chunk = hex.slice(at, at + 32).match(/../g) || [];
+    const ascii = chunk.map((b) => {
+      const code = parseInt(b, 16);
+      return code >= 0x20 && code < 0x7f ? String.fromCharCode(code) : ".";
+    }).join("");
+    lines.push(`${(at / 2).toString(16).padStart(8, "0")}  ${chunk.join(" ").padEnd(47)}  ${ascii}`);
+  }
+  return lines.join("\n");
+}
+
+// Everything known of a dead item: its error in full, its headers, its body.
+function detailText(item) {
+  const parts = [];
+  const error = item.error ?? item.lastError;
+  if (error) parts.push(`Error\n${error}`);
+  if (item.attempts !== undefined) parts.push(`Attempts: ${item.attempts}`);
+  if (item.deliveries !== undefined) parts.push(`Deliveries: ${item.deliveries}`);
+  if (item.waitingBehind !== undefined) {
+    parts.push(`Waiting behind it: ${item.waitingBehind} later event(s) of ${item.aggregateType} ${item.aggregateId}`);
+  }
+  if (item.traceparent) parts.push(`Traceparent: ${item.traceparent}`);
+  if (item.headers) {
+    const lines = Object.entries(item.headers).flatMap(([name, values]) =>
+      values.map((value) => `${name}: ${typeof value === "string" ? value : JSON.stringify(value)}`));
+    parts.push(`Headers\n${lines.join("\n") || "(none)"}`);
+  }
+  if (item.payload !== undefined) parts.push(`Payload\n${JSON.stringify(item.payload, null, 2)}`);
+  if (item.body) {
+    parts.push(item.body.text !== null && item.body.text !== undefined
+      ? `Body\n${pretty(item.body.text)}`
+      : `Body (not UTF-8, ${item.body.hex.length / 2} bytes)\n${hexDump(item.body.hex)}`);
+  }
+  return parts.join("\n\n");
+}
+
 async function refreshDead() {
   if (!token) return;
   const query = new URLSearchParams(filters);
@@ -341,24 +399,42 @@ async function refreshDead() {
       const button = el("button", { type: "button", textContent: action.label });
       button.dataset.action = action.name;
       button.addEventListener("click", () => {
+        if (action.name === "skip" && !confirmSkip(item)) return;
         button.disabled = true;
         act(item.id, action);
       });
       return button;
     });
+    const id = String(item.id);
+    const toggle = el("button", {
+      type: "button",
+      className: "details",
+      textContent: openDetails.has(id) ? "Hide" : "Details",
+    });
+    toggle.addEventListener("click", () => {
+      if (!openDetails.delete(id)) openDetails.add(id);
+      refreshDead();
+    });
     const row = el("tr", {}, [
       ...config.columns.map((column) => cell(column, item)),
-      el("td", { className: "actions" }, buttons),
+      el("td", { className: "actions" }, [toggle, ...buttons]),
     ]);
-    row.dataset.id = String(item.id);
-    return row;
-  });
+    row.dataset.id = id;
+    if (!openDetails.has(id)) return [row];
+    const detail = el("tr", { className: "detail" }, [
+      el("td", { colSpan: config.columns.length + 1 }, [
+        el("pre", { className: "detail-body", textContent: detailText(item) }),
+      ]),
+    ]);
+    detail.dataset.detailOf = id;
+    return [row, detail];
+  }).flat();
   document.getElementById("dead-rows").replaceChildren(...rows);
   document.getElementById("filter-form").hidden = false;
   table.hidden = rows.length === 0;
   document.getElementById("dead-summary").textContent = rows.length === 0
     ? (filters.toString() ? "No dead letters match the filters." : "No dead letters.")
-    : `${rows.length} dead letter(s)${page.nextCursor ? ", the oldest 200 shown" : ""}.`;
+    : `${page.items.length} dead letter(s)${page.nextCursor ? ", the oldest 200 shown" : ""}.`;
 }
 
 document.getElementById("token-form").addEventListener("submit", (event) => {
