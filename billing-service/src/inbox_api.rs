@@ -7,7 +7,7 @@ use jetstream_outbox::inbox::{DeadLetter, DeadLetterFilter, InboxStats};
 use serde::{Deserialize, Serialize};
 use service_kit::admin::{Admin, AdminRefusals, Reader};
 use service_kit::audit;
-use service_kit::dead::{self, BulkOutcome};
+use service_kit::dead::{self, BulkOutcome, DeadGroups};
 use service_kit::pagination::{self, Page};
 use service_kit::problem::Problem;
 use service_kit::{ApiError, Json, Path, Query};
@@ -26,6 +26,7 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(stats))
         .routes(routes!(metrics))
         .routes(routes!(list_dead))
+        .routes(routes!(dead_groups))
         .routes(routes!(retry))
         .routes(routes!(skip))
         .routes(routes!(replay_matching))
@@ -176,6 +177,21 @@ async fn list_dead(
     let filter = filter(params.event_type, params.error_contains)?;
     let rows = state.rules.inbox().dead(&filter, after, limit + 1).await?;
     Ok(Json(Page::of(rows, limit, |d| d.id.to_string())))
+}
+
+/// Open dead letters grouped by `ce-type` and error, the largest groups first (admin or
+/// read-only token): each group's values are a filter for its bulk action.
+#[utoipa::path(get, path = "/inbox/dead/groups", tag = "inbox",
+    security(("admin" = [])), responses(
+    (status = 200, description = "The groups", body = DeadGroups),
+    AdminRefusals,
+))]
+async fn dead_groups(
+    _: Reader,
+    State(state): State<AppState>,
+) -> Result<Json<DeadGroups>, ApiError> {
+    let groups = state.rules.inbox().dead_groups(dead::GROUPS_SHOWN).await?;
+    Ok(Json(DeadGroups { groups }))
 }
 
 /// Replays every open dead letter matching the filters (all of them without a filter) through

@@ -1,6 +1,7 @@
 // Drives a service's /ops page in headless Chromium, as an operator would: sees the dead letter
-// in the counts and the test's traffic in the charts, is refused with a wrong token; with the read-only token sees the dead letter
-// but is refused its action; types the admin token, clicks the action on the dead letter, sees
+// in the counts and the test's traffic in the charts, is refused with a wrong token; with the
+// read-only token sees the dead letter but is refused its action; types the admin token, finds
+// the two dead letters' group by cause and shows them, clicks the action on one, sees
 // it leave the list and the action in the audit log (having opened its details, which must show
 // EXPECT_DETAIL, and confirmed a skip); then, with BULK_ACTION set, filters the
 // list (FILTER_KEY=FILTER_VALUE), takes that action on every match with one click, is shown how
@@ -73,6 +74,14 @@ try {
   await page.fill("#token", ADMIN_TOKEN);
   await page.click("#use-token");
   await row.waitFor();
+  // Both dead items failed alike: one group of two, and its "Show" filters the list to them.
+  const group = page.locator("#groups-rows tr").first();
+  await group.waitFor();
+  if ((await group.locator("td").first().textContent()) !== "2") {
+    problems.push(`the first group: ${await group.textContent()}`);
+  }
+  await group.locator("button").click();
+  await page.waitForSelector("#dead-summary >> text=2 dead letter(s)");
   // Its details show what it carried, and stay open across the page's refreshes.
   await row.locator("button.details").click();
   const detail = page.locator(`tr[data-detail-of="${DEAD_ID}"] pre`);

@@ -55,6 +55,8 @@ pub(crate) enum Command {
               value_parser = clap::value_parser!(i64).range(1..=200))]
         limit: i64,
     },
+    /// The dead items grouped by type and error, the largest group first.
+    Groups,
     /// One dead event or letter, every field of it (its headers and body for a letter).
     Show {
         /// Its id (an event's UUID, a letter's number).

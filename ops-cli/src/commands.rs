@@ -29,6 +29,19 @@ pub(crate) async fn run(cli: Cli) -> anyhow::Result<()> {
                 println!("(more: raise --limit, or narrow the filters)");
             }
         }
+        Command::Groups => {
+            let answer = client
+                .get(&format!("{}/groups", client.kind.dead()), &[])
+                .await?;
+            if out.json {
+                println!("{answer}");
+            } else {
+                out.table(
+                    &serde_json::json!({ "items": answer["groups"] }),
+                    &["count", "eventType", "error", "oldest", "newest"],
+                );
+            }
+        }
         Command::Show { id } => {
             let item = find(&client, &id).await?;
             out.pretty(&item);

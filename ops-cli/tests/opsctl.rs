@@ -48,6 +48,7 @@ fn help_names_every_command_and_the_settings() {
         "stats",
         "list",
         "show",
+        "groups",
         "retry",
         "skip",
         "retry-all",
@@ -98,6 +99,14 @@ async fn opsctl_lists_shows_and_acts_on_dead_events() {
     assert_eq!(shown["id"], first.as_str());
     let stats = stdout(&opsctl(&orders.url, READ, &["stats"]).await);
     assert!(stats.contains("dead: 2"), "{stats}");
+    let groups = stdout(&opsctl(&orders.url, READ, &["groups"]).await);
+    let lines: Vec<&str> = groups.lines().collect();
+    assert_eq!(lines.len(), 3, "a heading and two causes:\n{groups}");
+    assert!(
+        lines[1].contains("OrderPlaced")
+            && (lines[1].contains("boom") || lines[1].contains("size")),
+        "{groups}"
+    );
 
     let refused = stderr(&opsctl(&orders.url, READ, &["retry", &first]).await);
     assert!(

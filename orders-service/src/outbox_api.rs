@@ -7,7 +7,7 @@ use jetstream_outbox::outbox::{self, DeadEvent, DeadFilter};
 use serde::{Deserialize, Serialize};
 use service_kit::admin::{Admin, AdminRefusals, Reader};
 use service_kit::audit;
-use service_kit::dead::{self, BulkOutcome};
+use service_kit::dead::{self, BulkOutcome, DeadGroups};
 use service_kit::pagination::{self, Page};
 use service_kit::problem::Problem;
 use service_kit::{ApiError, Json, Path, Query};
@@ -25,6 +25,7 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(stats))
         .routes(routes!(metrics))
         .routes(routes!(list_dead))
+        .routes(routes!(dead_groups))
         .routes(routes!(retry))
         .routes(routes!(skip))
         .routes(routes!(retry_matching))
@@ -157,6 +158,21 @@ async fn list_dead(
     .filter()?;
     let rows = outbox::dead(&state.pool, &filter, after, limit + 1).await?;
     Ok(Json(Page::of(rows, limit, |e| e.seq.to_string())))
+}
+
+/// Dead events grouped by event type and error, the largest groups first (admin or
+/// read-only token): each group's values are a filter for its bulk action.
+#[utoipa::path(get, path = "/outbox/dead/groups", tag = "outbox",
+    security(("admin" = [])), responses(
+    (status = 200, description = "The groups", body = DeadGroups),
+    AdminRefusals,
+))]
+async fn dead_groups(
+    _: Reader,
+    State(state): State<AppState>,
+) -> Result<Json<DeadGroups>, ApiError> {
+    let groups = outbox::dead_groups(&state.pool, dead::GROUPS_SHOWN).await?;
+    Ok(Json(DeadGroups { groups }))
 }
 
 /// Publishes every dead event matching the filters again (all of them without a filter), in

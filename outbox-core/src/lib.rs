@@ -20,6 +20,7 @@
 //! - [`headers`]: the NATS header names of a relayed message (CloudEvents, trace context);
 //! - [`publisher`]: the [`Publisher`] trait and its JetStream implementation, stream set-up;
 //! - [`inbox`]: at-most-once effects per consumer, stats, dead letters and cleanup;
+//! - [`groups`]: dead events and dead letters grouped by cause;
 //! - [`cleanup`]: the background task that ages out published events and inbox records after
 //!   their retention, emptying partitions whole;
 //! - [`backoff`]: exponential backoff with jitter for failed publishes;
@@ -42,6 +43,7 @@ mod batches;
 pub mod cleanup;
 pub mod error;
 pub mod event;
+pub mod groups;
 pub mod headers;
 pub mod inbox;
 pub mod metrics;

@@ -1,10 +1,22 @@
 //! What both services' dead-letter endpoints share: checking filter values and the answer of a
 //! bulk action.
 
+use jetstream_outbox::groups::DeadGroup;
 use serde::Serialize;
 use utoipa::ToSchema;
 
 use crate::ApiError;
+
+/// Most groups `GET …/dead/groups` answers.
+pub const GROUPS_SHOWN: i64 = 50;
+
+/// Dead items grouped by cause, the largest groups first.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DeadGroups {
+    /// At most [`GROUPS_SHOWN`] groups, of the first 10,000 dead items.
+    pub groups: Vec<DeadGroup>,
+}
 
 /// Longest `errorContains` filter.
 const MAX_FILTER_TEXT: usize = 500;

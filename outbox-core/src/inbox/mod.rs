@@ -508,6 +508,18 @@ impl Inbox {
         storage::dead(&self.pool, &self.consumer, filter, after_id, limit).await
     }
 
+    /// Open dead letters grouped by `ce-type` and error, the largest groups first, at most
+    /// `limit` groups of the first [`crate::groups::GROUPS_READ_LIMIT`] open letters.
+    pub async fn dead_groups(&self, limit: i64) -> sqlx::Result<Vec<crate::groups::DeadGroup>> {
+        storage::dead_groups(
+            &self.pool,
+            &self.consumer,
+            crate::groups::GROUPS_READ_LIMIT,
+            limit,
+        )
+        .await
+    }
+
     /// Reads an open dead letter, to replay it.
     pub async fn dead_letter_by_id(&self, id: i64) -> sqlx::Result<Option<DeadLetter>> {
         storage::find_dead(&self.pool, &self.consumer, id).await

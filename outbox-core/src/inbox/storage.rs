@@ -285,6 +285,33 @@ fn storable(text: &str) -> Cow<'_, str> {
     }
 }
 
+/// Open dead letters of `consumer` grouped by `ce-type` and error, of the first `read`.
+pub(crate) async fn dead_groups(
+    pool: &PgPool,
+    consumer: &str,
+    read: i64,
+    limit: i64,
+) -> sqlx::Result<Vec<crate::groups::DeadGroup>> {
+    sqlx::query_as!(
+        crate::groups::DeadGroup,
+        r#"
+        SELECT event_type AS "event_type?", error AS "error!", count(*) AS "count!",
+            min(created_at) AS "oldest!", max(created_at) AS "newest!"
+        FROM (SELECT headers->($3::text)->>0 AS event_type, error, created_at FROM inbox_dead
+              WHERE consumer = $1 AND closed_at IS NULL LIMIT $2) d
+        GROUP BY event_type, error
+        ORDER BY count(*) DESC, min(created_at)
+        LIMIT $4
+        "#,
+        consumer,
+        read,
+        crate::headers::TYPE,
+        limit,
+    )
+    .fetch_all(pool)
+    .await
+}
+
 /// Lists open dead letters matching `filter` after `after_id`.
 pub(crate) async fn dead(
     pool: &PgPool,

@@ -13,6 +13,7 @@ use sqlx::{PgPool, Postgres, Transaction};
 use uuid::Uuid;
 
 use crate::NewEvent;
+use crate::groups::DeadGroup;
 
 /// The PostgreSQL channel relays listen on, notified after commits by
 /// [`crate::Wakeup::across_processes`] and by the operator's retries and skips.
@@ -167,6 +168,12 @@ pub async fn dead(
     limit: i64,
 ) -> sqlx::Result<Vec<DeadEvent>> {
     storage::dead(pool, filter, after_seq, limit).await
+}
+
+/// Dead events grouped by event type and error, the largest groups first, at most `limit`
+/// groups of the first [`crate::groups::GROUPS_READ_LIMIT`] dead events.
+pub async fn dead_groups(pool: &PgPool, limit: i64) -> sqlx::Result<Vec<DeadGroup>> {
+    storage::dead_groups(pool, crate::groups::GROUPS_READ_LIMIT, limit).await
 }
 
 /// Makes a dead event pending again (attempts reset): it is published, then the events it

@@ -8,6 +8,7 @@ use uuid::Uuid;
 
 use super::{DeadEvent, DeadFilter};
 use crate::NewEvent;
+use crate::groups::DeadGroup;
 
 /// Inserts one event through `outbox_enqueue`, which takes the per-aggregate advisory lock
 /// held until commit.
@@ -134,6 +135,30 @@ pub(crate) async fn dead(
         filter.event_type,
         filter.error_contains,
         super::COUNT_LIMIT,
+    )
+    .fetch_all(pool)
+    .await
+}
+
+/// Dead events grouped by event type and error, of the first `read` dead events.
+pub(crate) async fn dead_groups(
+    pool: &PgPool,
+    read: i64,
+    limit: i64,
+) -> sqlx::Result<Vec<DeadGroup>> {
+    sqlx::query_as!(
+        DeadGroup,
+        r#"
+        SELECT event_type AS "event_type?", COALESCE(last_error, '') AS "error!",
+            count(*) AS "count!", min(created_at) AS "oldest!", max(created_at) AS "newest!"
+        FROM (SELECT event_type, last_error, created_at FROM outbox
+              WHERE status = 'dead' LIMIT $1) d
+        GROUP BY event_type, last_error
+        ORDER BY count(*) DESC, min(created_at)
+        LIMIT $2
+        "#,
+        read,
+        limit,
     )
     .fetch_all(pool)
     .await

@@ -320,6 +320,47 @@ function showFilters() {
   document.getElementById("bulk").replaceChildren(...buttons);
 }
 
+// The longest error text a filter takes (the service refuses longer).
+const FILTER_TEXT_MAX = 500;
+
+// Dead items grouped by type and error; "Show" puts a group's values in the filters.
+async function refreshGroups() {
+  const box = document.getElementById("groups-box");
+  const response = await fetch(`${config.dead}/groups`, {
+    headers: { authorization: `Bearer ${token}` },
+    cache: "no-store",
+  });
+  if (!response.ok) {
+    box.hidden = true;
+    return;
+  }
+  const { groups } = await response.json();
+  const keys = new Set(config.filters.map(({ key }) => key));
+  const rows = groups.map((group) => {
+    const show = el("button", { type: "button", textContent: "Show" });
+    show.addEventListener("click", () => {
+      for (const { key } of config.filters) document.getElementById(`filter-${key}`).value = "";
+      if (keys.has("eventType") && group.eventType) {
+        document.getElementById("filter-eventType").value = group.eventType;
+      }
+      if (keys.has("errorContains") && group.error) {
+        document.getElementById("filter-errorContains").value = group.error.slice(0, FILTER_TEXT_MAX);
+      }
+      document.getElementById("filter-form").requestSubmit();
+    });
+    return el("tr", {}, [
+      el("td", { textContent: group.count.toLocaleString() }),
+      el("td", { textContent: group.eventType ?? "–" }),
+      el("td", { className: "error", textContent: group.error }),
+      el("td", { textContent: new Date(group.oldest).toLocaleString() }),
+      el("td", { textContent: new Date(group.newest).toLocaleString() }),
+      el("td", {}, [show]),
+    ]);
+  });
+  document.getElementById("groups-rows").replaceChildren(...rows);
+  box.hidden = groups.length === 0;
+}
+
 // Rows whose details are open, kept across the refreshes.
 const openDetails = new Set();
 
@@ -386,11 +427,13 @@ async function refreshDead() {
       : await problemDetail(response);
     document.getElementById("dead-summary").textContent = "";
     document.getElementById("filter-form").hidden = true;
+    document.getElementById("groups-box").hidden = true;
     setStatus(`Dead letters unavailable: ${reason}`, "bad");
     if (response.status === 401 || response.status === 403) token = "";
     return;
   }
   const page = await response.json();
+  refreshGroups();
   document.getElementById("dead-head").replaceChildren(
     ...config.columns.map(({ label }) => el("th", { textContent: label })),
     el("th", { textContent: "Action" }));
