@@ -80,10 +80,22 @@ pub const OPS: OpsPage = OpsPage {
         Filter {
             key: "eventType",
             label: "Event type",
+            hint: "",
         },
         Filter {
             key: "errorContains",
             label: "Error contains",
+            hint: "",
+        },
+        Filter {
+            key: "since",
+            label: "Since",
+            hint: "2026-12-06T09:00:00Z",
+        },
+        Filter {
+            key: "until",
+            label: "Until",
+            hint: "2026-12-06T10:00:00Z",
         },
     ],
     charts: CHARTS,

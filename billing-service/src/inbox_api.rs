@@ -132,6 +132,12 @@ struct DeadListParams {
     /// Only letters whose error contains this text (1-500 characters, no NUL).
     #[param(min_length = 1, max_length = 500, pattern = r"^[^\x00]+$")]
     error_contains: Option<String>,
+    /// Only letters dead-lettered from this time on (RFC 3339, as `2026-12-06T09:00:00Z`).
+    #[param(format = DateTime)]
+    since: Option<String>,
+    /// Only letters dead-lettered before this time (RFC 3339).
+    #[param(format = DateTime)]
+    until: Option<String>,
 }
 
 /// Which open dead letters to skip: those matching every filter given.
@@ -145,16 +151,27 @@ struct DeadFilterParams {
     /// Only letters whose error contains this text (1-500 characters, no NUL).
     #[param(min_length = 1, max_length = 500, pattern = r"^[^\x00]+$")]
     error_contains: Option<String>,
+    /// Only letters dead-lettered from this time on (RFC 3339, as `2026-12-06T09:00:00Z`).
+    #[param(format = DateTime)]
+    since: Option<String>,
+    /// Only letters dead-lettered before this time (RFC 3339).
+    #[param(format = DateTime)]
+    until: Option<String>,
 }
 
-/// The filter the query's `eventType` and `errorContains` make, or a 422 naming the bad one.
+/// The filter the query's `eventType`, `errorContains`, `since` and `until` make, or a 422
+/// naming the bad one.
 fn filter(
     event_type: Option<String>,
     error_contains: Option<String>,
+    since: Option<String>,
+    until: Option<String>,
 ) -> Result<DeadLetterFilter, ApiError> {
     let mut filter = DeadLetterFilter::all();
     filter.event_type = dead::token_filter("eventType", event_type)?;
     filter.error_contains = dead::text_filter("errorContains", error_contains)?;
+    filter.since = dead::time_filter("since", since)?;
+    filter.until = dead::time_filter("until", until)?;
     Ok(filter)
 }
 
@@ -174,7 +191,12 @@ async fn list_dead(
 ) -> Result<Json<Page<DeadLetter>>, ApiError> {
     let limit = pagination::limit(params.limit)?;
     let after = pagination::after_number(params.cursor.as_deref())?;
-    let filter = filter(params.event_type, params.error_contains)?;
+    let filter = filter(
+        params.event_type,
+        params.error_contains,
+        params.since,
+        params.until,
+    )?;
     let rows = state.rules.inbox().dead(&filter, after, limit + 1).await?;
     Ok(Json(Page::of(rows, limit, |d| d.id.to_string())))
 }
@@ -213,7 +235,12 @@ async fn replay_matching(
 ) -> Result<Json<BulkOutcome>, ApiError> {
     let limit = pagination::limit(params.limit)?;
     let mut after = pagination::after_number(params.cursor.as_deref())?;
-    let filter = filter(params.event_type, params.error_contains)?;
+    let filter = filter(
+        params.event_type,
+        params.error_contains,
+        params.since,
+        params.until,
+    )?;
     let letters = state.rules.inbox().dead(&filter, after, limit + 1).await?;
     let Page {
         items: letters,
@@ -265,7 +292,12 @@ async fn skip_matching(
     State(state): State<AppState>,
     Query(params): Query<DeadFilterParams>,
 ) -> Result<Json<BulkOutcome>, ApiError> {
-    let filter = filter(params.event_type, params.error_contains)?;
+    let filter = filter(
+        params.event_type,
+        params.error_contains,
+        params.since,
+        params.until,
+    )?;
     let count = state.rules.inbox().skip_dead_letters(&filter).await?;
     audit::record(&state.pool, admin.name, "skip", &described(&filter), count).await;
     Ok(Json(BulkOutcome::took(count)))
@@ -273,9 +305,15 @@ async fn skip_matching(
 
 /// A bulk action's filter as the audit log shows it.
 fn described(filter: &DeadLetterFilter) -> String {
+    let (since, until) = (
+        filter.since.map(|t| t.to_rfc3339()),
+        filter.until.map(|t| t.to_rfc3339()),
+    );
     dead::described(&[
         ("eventType", filter.event_type.as_deref()),
         ("errorContains", filter.error_contains.as_deref()),
+        ("since", since.as_deref()),
+        ("until", until.as_deref()),
     ])
 }
 

@@ -109,6 +109,16 @@ pub(crate) struct Filters {
     /// Only those whose error contains this text.
     #[arg(long)]
     pub(crate) error_contains: Option<String>,
+    /// Only events of this aggregate (orders-service only).
+    #[arg(long)]
+    pub(crate) aggregate_id: Option<String>,
+    /// Only those from this time on (RFC 3339, as 2026-12-06T09:00:00Z): an event's enqueue,
+    /// a letter's dead-lettering.
+    #[arg(long, value_name = "TIME")]
+    pub(crate) since: Option<String>,
+    /// Only those before this time (RFC 3339).
+    #[arg(long, value_name = "TIME")]
+    pub(crate) until: Option<String>,
 }
 
 impl Filters {
@@ -118,6 +128,9 @@ impl Filters {
             ("aggregateType", &self.aggregate_type),
             ("eventType", &self.event_type),
             ("errorContains", &self.error_contains),
+            ("aggregateId", &self.aggregate_id),
+            ("since", &self.since),
+            ("until", &self.until),
         ]
         .into_iter()
         .filter_map(|(key, value)| value.clone().map(|value| (key, value)))

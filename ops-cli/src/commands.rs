@@ -98,8 +98,10 @@ async fn bulk(
     filters: &Filters,
     yes: bool,
 ) -> anyhow::Result<()> {
-    if client.kind == Kind::Billing && filters.aggregate_type.is_some() {
-        bail!("billing-service's dead letters have no --aggregate-type filter");
+    if client.kind == Kind::Billing
+        && (filters.aggregate_type.is_some() || filters.aggregate_id.is_some())
+    {
+        bail!("billing-service's dead letters have no --aggregate-type or --aggregate-id filter");
     }
     let mut query = filters.query();
     let mut preview = query.clone();

@@ -76,14 +76,32 @@ pub const OPS: OpsPage = OpsPage {
         Filter {
             key: "aggregateType",
             label: "Aggregate type",
+            hint: "",
+        },
+        Filter {
+            key: "aggregateId",
+            label: "Aggregate id",
+            hint: "o-123",
         },
         Filter {
             key: "eventType",
             label: "Event type",
+            hint: "",
         },
         Filter {
             key: "errorContains",
             label: "Error contains",
+            hint: "",
+        },
+        Filter {
+            key: "since",
+            label: "Since",
+            hint: "2026-12-06T09:00:00Z",
+        },
+        Filter {
+            key: "until",
+            label: "Until",
+            hint: "2026-12-06T10:00:00Z",
         },
     ],
     charts: CHARTS,

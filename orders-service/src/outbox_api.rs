@@ -99,6 +99,15 @@ struct DeadFilterParams {
     /// Only events whose last error contains this text (1-500 characters, no NUL).
     #[param(min_length = 1, max_length = 500, pattern = r"^[^\x00]+$")]
     error_contains: Option<String>,
+    /// Only events of this aggregate.
+    #[param(pattern = r"^[A-Za-z0-9_:@-]{1,128}$")]
+    aggregate_id: Option<String>,
+    /// Only events enqueued from this time on (RFC 3339, as `2026-12-06T09:00:00Z`).
+    #[param(format = DateTime)]
+    since: Option<String>,
+    /// Only events enqueued before this time (RFC 3339).
+    #[param(format = DateTime)]
+    until: Option<String>,
 }
 
 impl DeadFilterParams {
@@ -107,6 +116,9 @@ impl DeadFilterParams {
         filter.aggregate_type = dead::token_filter("aggregateType", self.aggregate_type)?;
         filter.event_type = dead::token_filter("eventType", self.event_type)?;
         filter.error_contains = dead::text_filter("errorContains", self.error_contains)?;
+        filter.aggregate_id = dead::token_filter("aggregateId", self.aggregate_id)?;
+        filter.since = dead::time_filter("since", self.since)?;
+        filter.until = dead::time_filter("until", self.until)?;
         Ok(filter)
     }
 }
@@ -132,6 +144,15 @@ struct DeadListParams {
     /// Only events whose last error contains this text (1-500 characters, no NUL).
     #[param(min_length = 1, max_length = 500, pattern = r"^[^\x00]+$")]
     error_contains: Option<String>,
+    /// Only events of this aggregate.
+    #[param(pattern = r"^[A-Za-z0-9_:@-]{1,128}$")]
+    aggregate_id: Option<String>,
+    /// Only events enqueued from this time on (RFC 3339, as `2026-12-06T09:00:00Z`).
+    #[param(format = DateTime)]
+    since: Option<String>,
+    /// Only events enqueued before this time (RFC 3339).
+    #[param(format = DateTime)]
+    until: Option<String>,
 }
 
 /// Lists dead events with their attempts and last error, optionally filtered (admin or
@@ -154,6 +175,9 @@ async fn list_dead(
         aggregate_type: params.aggregate_type,
         event_type: params.event_type,
         error_contains: params.error_contains,
+        aggregate_id: params.aggregate_id,
+        since: params.since,
+        until: params.until,
     }
     .filter()?;
     let rows = outbox::dead(&state.pool, &filter, after, limit + 1).await?;
@@ -217,10 +241,17 @@ async fn skip_matching(
 
 /// A bulk action's filter as the audit log shows it.
 fn described(filter: &DeadFilter) -> String {
+    let (since, until) = (
+        filter.since.map(|t| t.to_rfc3339()),
+        filter.until.map(|t| t.to_rfc3339()),
+    );
     dead::described(&[
         ("aggregateType", filter.aggregate_type.as_deref()),
+        ("aggregateId", filter.aggregate_id.as_deref()),
         ("eventType", filter.event_type.as_deref()),
         ("errorContains", filter.error_contains.as_deref()),
+        ("since", since.as_deref()),
+        ("until", until.as_deref()),
     ])
 }
 

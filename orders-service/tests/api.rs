@@ -445,6 +445,16 @@ async fn bulk_admin_actions_take_the_dead_events_a_filter_matches() {
         Some("errorContains"),
     )
     .await;
+    // A time without its offset is ambiguous: refused, not read as some zone's.
+    problem(
+        admin("/outbox/dead/skip?since=2026-12-06T09:00:00".into())
+            .send()
+            .await
+            .unwrap(),
+        422,
+        Some("since"),
+    )
+    .await;
     problem(
         app.client
             .post(format!("{}/outbox/dead/skip", app.running.url))

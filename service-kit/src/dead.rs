@@ -88,6 +88,26 @@ pub fn text_filter(field: &str, value: Option<String>) -> Result<Option<String>,
     }
 }
 
+/// A time filter: an RFC 3339 time with its offset (`2026-12-06T09:00:00Z`), else a 422 naming
+/// `field`.
+pub fn time_filter(
+    field: &str,
+    value: Option<String>,
+) -> Result<Option<chrono::DateTime<chrono::Utc>>, ApiError> {
+    value
+        .map(|value| {
+            chrono::DateTime::parse_from_rfc3339(&value)
+                .map(|time| time.to_utc())
+                .map_err(|_| {
+                    ApiError::validation(
+                        field,
+                        "must be an RFC 3339 time with its offset, as 2026-12-06T09:00:00Z",
+                    )
+                })
+        })
+        .transpose()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

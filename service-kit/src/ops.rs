@@ -106,6 +106,8 @@ pub struct Filter {
     pub key: &'static str,
     /// The input's label.
     pub label: &'static str,
+    /// An example of a value, shown in the empty input.
+    pub hint: &'static str,
 }
 
 #[derive(Clone)]

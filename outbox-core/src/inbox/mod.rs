@@ -275,6 +275,10 @@ pub struct DeadLetterFilter {
     pub event_type: Option<String>,
     /// Only letters whose error contains this text.
     pub error_contains: Option<String>,
+    /// Only letters dead-lettered at or after this time.
+    pub since: Option<DateTime<Utc>>,
+    /// Only letters dead-lettered before this time.
+    pub until: Option<DateTime<Utc>>,
 }
 
 impl DeadLetterFilter {
@@ -294,6 +298,17 @@ impl DeadLetterFilter {
     #[must_use]
     pub fn error_contains(mut self, text: impl Into<String>) -> Self {
         self.error_contains = Some(text.into());
+        self
+    }
+
+    /// Only letters dead-lettered in `[since, until)`; either end may be open.
+    #[must_use]
+    pub fn dead_lettered(
+        mut self,
+        since: Option<DateTime<Utc>>,
+        until: Option<DateTime<Utc>>,
+    ) -> Self {
+        (self.since, self.until) = (since, until);
         self
     }
 }

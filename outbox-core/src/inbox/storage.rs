@@ -328,6 +328,8 @@ pub(crate) async fn dead(
         WHERE consumer = $1 AND closed_at IS NULL AND id > $2
           AND ($4::text IS NULL OR headers->($6::text)->>0 = $4)
           AND ($5::text IS NULL OR strpos(error, $5) > 0)
+          AND ($7::timestamptz IS NULL OR created_at >= $7)
+          AND ($8::timestamptz IS NULL OR created_at < $8)
         ORDER BY id
         LIMIT $3
         "#,
@@ -337,6 +339,8 @@ pub(crate) async fn dead(
         filter.event_type,
         filter.error_contains,
         crate::headers::TYPE,
+        filter.since,
+        filter.until,
     )
     .fetch_all(pool)
     .await
@@ -378,6 +382,8 @@ pub(crate) async fn close_dead(
           AND ($2::bigint IS NULL OR id = $2)
           AND ($4::text IS NULL OR headers->($6::text)->>0 = $4)
           AND ($5::text IS NULL OR strpos(error, $5) > 0)
+          AND ($7::timestamptz IS NULL OR created_at >= $7)
+          AND ($8::timestamptz IS NULL OR created_at < $8)
         "#,
         consumer,
         id,
@@ -385,6 +391,8 @@ pub(crate) async fn close_dead(
         filter.event_type,
         filter.error_contains,
         crate::headers::TYPE,
+        filter.since,
+        filter.until,
     )
     .execute(pool)
     .await?;

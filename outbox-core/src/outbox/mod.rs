@@ -130,6 +130,12 @@ pub struct DeadFilter {
     pub event_type: Option<String>,
     /// Only events whose last error contains this text.
     pub error_contains: Option<String>,
+    /// Only events of this aggregate (of any type, unless `aggregate_type` is set too).
+    pub aggregate_id: Option<String>,
+    /// Only events enqueued at or after this time.
+    pub since: Option<DateTime<Utc>>,
+    /// Only events enqueued before this time.
+    pub until: Option<DateTime<Utc>>,
 }
 
 impl DeadFilter {
@@ -156,6 +162,20 @@ impl DeadFilter {
     #[must_use]
     pub fn error_contains(mut self, text: impl Into<String>) -> Self {
         self.error_contains = Some(text.into());
+        self
+    }
+
+    /// Only events of aggregate `aggregate_id`.
+    #[must_use]
+    pub fn aggregate_id(mut self, aggregate_id: impl Into<String>) -> Self {
+        self.aggregate_id = Some(aggregate_id.into());
+        self
+    }
+
+    /// Only events enqueued in `[since, until)`; either end may be open.
+    #[must_use]
+    pub fn enqueued(mut self, since: Option<DateTime<Utc>>, until: Option<DateTime<Utc>>) -> Self {
+        (self.since, self.until) = (since, until);
         self
     }
 }

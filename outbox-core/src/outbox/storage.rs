@@ -126,6 +126,9 @@ pub(crate) async fn dead(
           AND ($3::text IS NULL OR d.aggregate_type = $3)
           AND ($4::text IS NULL OR d.event_type = $4)
           AND ($5::text IS NULL OR strpos(d.last_error, $5) > 0)
+          AND ($7::text IS NULL OR d.aggregate_id = $7)
+          AND ($8::timestamptz IS NULL OR d.created_at >= $8)
+          AND ($9::timestamptz IS NULL OR d.created_at < $9)
         ORDER BY d.seq
         LIMIT $2
         "#,
@@ -135,6 +138,9 @@ pub(crate) async fn dead(
         filter.event_type,
         filter.error_contains,
         super::COUNT_LIMIT,
+        filter.aggregate_id,
+        filter.since,
+        filter.until,
     )
     .fetch_all(pool)
     .await
@@ -184,12 +190,18 @@ pub(crate) async fn resolve_dead(
           AND ($2::text IS NULL OR aggregate_type = $2)
           AND ($3::text IS NULL OR event_type = $3)
           AND ($4::text IS NULL OR strpos(last_error, $4) > 0)
+          AND ($6::text IS NULL OR aggregate_id = $6)
+          AND ($7::timestamptz IS NULL OR created_at >= $7)
+          AND ($8::timestamptz IS NULL OR created_at < $8)
         "#,
         id,
         filter.aggregate_type,
         filter.event_type,
         filter.error_contains,
         status.as_str(),
+        filter.aggregate_id,
+        filter.since,
+        filter.until,
     )
     .execute(pool)
     .await?

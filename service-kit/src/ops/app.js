@@ -306,8 +306,8 @@ async function refreshAudit() {
 }
 
 function showFilters() {
-  const inputs = config.filters.map(({ key, label }) => {
-    const input = el("input", { id: `filter-${key}`, name: key, type: "text" });
+  const inputs = config.filters.map(({ key, label, hint }) => {
+    const input = el("input", { id: `filter-${key}`, name: key, type: "text", placeholder: hint });
     return el("label", {}, [label, input]);
   });
   document.getElementById("filters").replaceChildren(...inputs);
