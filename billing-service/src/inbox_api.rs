@@ -3,7 +3,7 @@
 //! each action in the audit log.
 
 use axum::extract::State;
-use jetstream_outbox::inbox::{DeadLetter, DeadLetterFilter, InboxStats};
+use jetstream_outbox::inbox::{Body, DeadLetter, DeadLetterFilter, InboxStats};
 use serde::{Deserialize, Serialize};
 use service_kit::admin::{Admin, AdminRefusals, Reader};
 use service_kit::audit;
@@ -27,6 +27,7 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(metrics))
         .routes(routes!(list_dead))
         .routes(routes!(dead_groups))
+        .routes(routes!(dead_letter))
         .routes(routes!(retry))
         .routes(routes!(skip))
         .routes(routes!(replay_matching))
@@ -214,6 +215,39 @@ async fn dead_groups(
 ) -> Result<Json<DeadGroups>, ApiError> {
     let groups = state.rules.inbox().dead_groups(dead::GROUPS_SHOWN).await?;
     Ok(Json(DeadGroups { groups }))
+}
+
+/// An open dead letter and its body.
+#[derive(Debug, Serialize, ToSchema)]
+struct DeadLetterDetail {
+    #[serde(flatten)]
+    letter: DeadLetter,
+    /// Its body: text when it is UTF-8, else its bytes in hex.
+    body: Body,
+}
+
+/// One open dead letter whole, its body included (admin or read-only token).
+#[utoipa::path(get, path = "/inbox/dead/{id}", tag = "inbox",
+    params(("id" = i64, Path, description = "Dead letter id", minimum = 1)),
+    security(("admin" = [])), responses(
+    (status = 200, description = "The dead letter", body = DeadLetterDetail),
+    (status = 404, description = "No open dead letter with this id", body = Problem,
+        content_type = "application/problem+json"),
+    AdminRefusals,
+))]
+async fn dead_letter(
+    _: Reader,
+    State(state): State<AppState>,
+    Path(id): Path<i64>,
+) -> Result<Json<DeadLetterDetail>, ApiError> {
+    let letter = state
+        .rules
+        .inbox()
+        .dead_letter_by_id(id)
+        .await?
+        .ok_or_else(|| ApiError::not_found(format!("no open dead letter {id}")))?;
+    let body = Body::of(&letter.payload);
+    Ok(Json(DeadLetterDetail { letter, body }))
 }
 
 /// Replays every open dead letter matching the filters (all of them without a filter) through

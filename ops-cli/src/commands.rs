@@ -70,23 +70,11 @@ pub(crate) async fn run(cli: Cli) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The dead item `id`, looked for page after page.
+/// The dead item `id`, whole.
 async fn find(client: &Client, id: &str) -> anyhow::Result<Value> {
-    let mut query = vec![("limit", "200".to_owned())];
-    loop {
-        let page = client.get(client.kind.dead(), &query).await?;
-        let items = page["items"].as_array().cloned().unwrap_or_default();
-        if let Some(item) = items.into_iter().find(|item| id_of(item) == id) {
-            return Ok(item);
-        }
-        match page["nextCursor"].as_str() {
-            Some(cursor) => {
-                query.retain(|(key, _)| *key != "cursor");
-                query.push(("cursor", cursor.to_owned()));
-            }
-            None => bail!("no {} {id}", client.kind.noun()),
-        }
-    }
+    client
+        .get(&format!("{}/{id}", client.kind.dead()), &[])
+        .await
 }
 
 /// Takes `action` on every dead item `filters` match: first shows how many and which, and asks

@@ -107,8 +107,7 @@ pub const OPS: OpsPage = OpsPage {
     charts: CHARTS,
     drain: Some(Drain {
         backlog: "pending",
-        inflow: "accepted",
-        outflow: "published",
+        series: "pending",
     }),
 };
 

@@ -26,6 +26,7 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(metrics))
         .routes(routes!(list_dead))
         .routes(routes!(dead_groups))
+        .routes(routes!(dead_event))
         .routes(routes!(retry))
         .routes(routes!(skip))
         .routes(routes!(retry_matching))
@@ -253,6 +254,26 @@ fn described(filter: &DeadFilter) -> String {
         ("since", since.as_deref()),
         ("until", until.as_deref()),
     ])
+}
+
+/// One dead event whole, its payload included (admin or read-only token).
+#[utoipa::path(get, path = "/outbox/dead/{id}", tag = "outbox",
+    params(("id" = Uuid, Path, description = "Event id (ce-id)")),
+    security(("admin" = [])), responses(
+    (status = 200, description = "The dead event", body = DeadEvent),
+    (status = 404, description = "No dead event with this id", body = Problem,
+        content_type = "application/problem+json"),
+    AdminRefusals,
+))]
+async fn dead_event(
+    _: Reader,
+    State(state): State<AppState>,
+    Path(id): Path<Uuid>,
+) -> Result<Json<DeadEvent>, ApiError> {
+    outbox::dead_event(&state.pool, id)
+        .await?
+        .map(Json)
+        .ok_or_else(|| ApiError::not_found(format!("no dead event {id}")))
 }
 
 /// Publishes a dead event again; the events it held back follow (admin).

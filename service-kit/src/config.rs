@@ -154,7 +154,7 @@ pub struct Common {
     pub http_max_concurrency: usize,
 
     /// How often the console's charts (`/ops`) sample the service's metrics, in milliseconds;
-    /// they keep the last hour (100 to 60000).
+    /// they keep the last hour (500 to 60000).
     #[arg(long = "ops-history-interval-ms", env = "OPS_HISTORY_INTERVAL_MS",
           default_value = "5000", value_parser = millis(), help_heading = "HTTP")]
     pub ops_history_interval: Duration,
@@ -262,9 +262,9 @@ impl Common {
         )?;
         ensure(
             "OPS_HISTORY_INTERVAL_MS",
-            (Duration::from_millis(100)..=Duration::from_secs(60))
+            (Duration::from_millis(500)..=Duration::from_secs(60))
                 .contains(&self.ops_history_interval),
-            "must be between 100 and 60000",
+            "must be between 500 and 60000",
         )?;
         ensure(
             "NATS_DUPLICATE_WINDOW_MS",

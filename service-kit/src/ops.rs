@@ -58,16 +58,13 @@ pub struct OpsPage {
     pub drain: Option<Drain>,
 }
 
-/// A backlog (a stat's key) and the chart lines (keys) that fill and empty it: the page
-/// divides the backlog by the net rate of the last minute.
+/// A backlog: the page divides it by how fast its chart line shrank in the last minute.
 #[derive(Debug, Clone, Serialize)]
 pub struct Drain {
     /// The stat holding the backlog.
     pub backlog: &'static str,
-    /// The line of what arrives, per second.
-    pub inflow: &'static str,
-    /// The line of what leaves, per second.
-    pub outflow: &'static str,
+    /// The chart line of the same backlog.
+    pub series: &'static str,
 }
 
 /// One stat of the stats JSON.

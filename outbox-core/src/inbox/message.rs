@@ -19,8 +19,10 @@ pub fn message_id(message: &async_nats::Message) -> Option<&str> {
 #[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
 pub struct Body {
     /// The body as text, when it is UTF-8.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub text: Option<String>,
     /// The body's bytes in hexadecimal, when it is not UTF-8.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub hex: Option<String>,
 }
 
@@ -38,13 +40,6 @@ impl Body {
             },
         }
     }
-}
-
-pub(super) fn serialize_body<S: serde::Serializer>(
-    bytes: &[u8],
-    serializer: S,
-) -> Result<S::Ok, S::Error> {
-    serde::Serialize::serialize(&Body::of(bytes), serializer)
 }
 
 /// Headers as a JSON object of string arrays, as dead letters keep them.

@@ -197,9 +197,9 @@ pub struct DeadLetter {
     pub subject: String,
     /// Its headers, as a JSON object of arrays.
     pub headers: serde_json::Value,
-    /// Its body: served as `body`, its text when it is UTF-8, else its bytes in hex.
-    #[serde(rename = "body", serialize_with = "message::serialize_body")]
-    #[cfg_attr(feature = "utoipa", schema(value_type = message::Body))]
+    /// Its body (not serialized: a listing stays small whatever the bodies; [`Body::of`] shows
+    /// one).
+    #[serde(skip)]
     pub payload: Vec<u8>,
     /// Why it was dead-lettered.
     pub error: String,

@@ -3,9 +3,13 @@
 //! interval, so that a million waiting events reads as about a million and not as the limit,
 //! at the cost of a fixed number of index look-ups.
 
-/// Sequence numbers probed per estimate: within a few percent even when a parked event far
-/// back stretches the span, and a bounded cost whatever the backlog.
+/// Sequence numbers probed per estimate: within a few percent when the backlog fills a good
+/// share of its span, and a bounded cost whatever the backlog.
 pub(crate) const PROBES: i64 = 2_000;
+
+/// Fewer hits than this leave the estimate too coarse: the caller narrows the span and probes
+/// again.
+pub(crate) const PRECISE_HITS: i64 = 400;
 
 /// An estimate of a count, and how far from it the truth may be (95% interval, half-width).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

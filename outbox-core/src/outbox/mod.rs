@@ -72,8 +72,7 @@ pub async fn stats(pool: &PgPool) -> sqlx::Result<OutboxStats> {
     let counts = storage::counts(pool, COUNT_LIMIT).await?;
     let (mut pending, mut pending_margin) = (counts.pending, 0);
     if counts.pending >= COUNT_LIMIT {
-        let probe = storage::probe_pending(pool, estimate::PROBES).await?;
-        let found = estimate::estimate(probe.span, estimate::PROBES, probe.hits, COUNT_LIMIT);
+        let found = estimate_pending(pool).await?;
         (pending, pending_margin) = (found.count, found.margin);
     }
     Ok(OutboxStats {
@@ -85,6 +84,35 @@ pub async fn stats(pool: &PgPool) -> sqlx::Result<OutboxStats> {
         exact: [counts.pending, counts.dead, counts.parked]
             .iter()
             .all(|count| *count < COUNT_LIMIT),
+    })
+}
+
+/// Estimates a backlog of at least [`COUNT_LIMIT`] pending events. When few probes of the whole
+/// span found one (a few old events, held back or parked, stretch it far beyond the backlog),
+/// the events before the lowest part that had one (or the two newest parts, when none had)
+/// are counted, and the rest probed again.
+async fn estimate_pending(pool: &PgPool) -> sqlx::Result<estimate::Estimate> {
+    let whole = storage::probe_pending(pool, estimate::PROBES, None).await?;
+    let found = estimate::estimate(whole.span, estimate::PROBES, whole.hits, COUNT_LIMIT);
+    if whole.hits >= estimate::PRECISE_HITS {
+        return Ok(found);
+    }
+    // A part the backlog covers always has a hit; with none, it lies across the newest parts.
+    let part = (whole.span + estimate::PROBES - 1) / estimate::PROBES;
+    let last = whole.first + whole.span - 1;
+    let from = whole
+        .lowest_hit
+        .map_or(last - 2 * part + 1, |lowest| lowest - part)
+        .max(whole.first);
+    let head = storage::count_pending_before(pool, from, COUNT_LIMIT).await?;
+    if head >= COUNT_LIMIT {
+        return Ok(found);
+    }
+    let tail = storage::probe_pending(pool, estimate::PROBES, Some(from)).await?;
+    let rest = estimate::estimate(tail.span, estimate::PROBES, tail.hits, COUNT_LIMIT - head);
+    Ok(estimate::Estimate {
+        count: head + rest.count,
+        margin: rest.margin,
     })
 }
 
@@ -110,14 +138,20 @@ pub struct DeadEvent {
     pub last_error: Option<String>,
     /// When the event was enqueued.
     pub created_at: DateTime<Utc>,
-    /// Its body.
-    pub payload: serde_json::Value,
+    /// Its body: read by [`dead_event`], left out of [`dead`]'s listings (a dead event is often
+    /// one too large to publish).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub payload: Option<serde_json::Value>,
     /// The W3C traceparent it carries, if any.
     pub traceparent: Option<String>,
-    /// Later events of its aggregate held back behind it (up to [`COUNT_LIMIT`]): what a retry
-    /// releases after it, and a skip releases without it.
+    /// Later events of its aggregate held back behind it, counted up to [`WAITING_BEHIND_LIMIT`]:
+    /// what a retry releases after it, and a skip releases without it.
     pub waiting_behind: i64,
 }
+
+/// The most events [`DeadEvent::waiting_behind`] counts, so that a listing stays cheap when an
+/// aggregate has many events held back.
+pub const WAITING_BEHIND_LIMIT: i64 = 100;
 
 /// Which dead events a listing or a bulk action takes: those matching every filter set, all of
 /// them when none is.
@@ -194,6 +228,11 @@ pub async fn dead(
 /// groups of the first [`crate::groups::GROUPS_READ_LIMIT`] dead events.
 pub async fn dead_groups(pool: &PgPool, limit: i64) -> sqlx::Result<Vec<DeadGroup>> {
     storage::dead_groups(pool, crate::groups::GROUPS_READ_LIMIT, limit).await
+}
+
+/// Reads dead event `id` whole, its payload included; `None` when it is not a dead event.
+pub async fn dead_event(pool: &PgPool, id: Uuid) -> sqlx::Result<Option<DeadEvent>> {
+    storage::dead_event(pool, id).await
 }
 
 /// Makes a dead event pending again (attempts reset): it is published, then the events it

@@ -65,22 +65,30 @@ pub(crate) async fn counts(pool: &PgPool, limit: i64) -> sqlx::Result<Counts> {
     .await
 }
 
-/// The span of sequence numbers pending events occupy, and how many of `probes` sequence
-/// numbers drawn in it are pending events, one at random in each of `probes` equal parts of the
-/// span: each probe is one look-up in the claim's index, so the cost does not grow with the
-/// backlog.
+/// The span of sequence numbers pending events occupy from `from` (from the oldest when
+/// `None`), and how many of `probes` sequence numbers drawn in it are pending events, one at
+/// random in each of `probes` equal parts of the span, with the lowest that was: each probe is
+/// one look-up in the claim's index, so the cost does not grow with the backlog.
 pub(crate) struct Probe {
+    pub first: i64,
     pub span: i64,
     pub hits: i64,
+    pub lowest_hit: Option<i64>,
 }
 
-pub(crate) async fn probe_pending(pool: &PgPool, probes: i64) -> sqlx::Result<Probe> {
+pub(crate) async fn probe_pending(
+    pool: &PgPool,
+    probes: i64,
+    from: Option<i64>,
+) -> sqlx::Result<Probe> {
     sqlx::query_as!(
         Probe,
         r#"
         WITH ends AS (
             SELECT
-                (SELECT seq FROM outbox WHERE status = 'pending' ORDER BY seq LIMIT 1) AS first,
+                COALESCE($2::bigint, (
+                    SELECT seq FROM outbox WHERE status = 'pending' ORDER BY seq LIMIT 1
+                )) AS first,
                 (SELECT seq FROM outbox WHERE status = 'pending' ORDER BY seq DESC LIMIT 1)
                     AS last
         ),
@@ -89,15 +97,40 @@ pub(crate) async fn probe_pending(pool: &PgPool, probes: i64) -> sqlx::Result<Pr
             SELECT first + floor((part - 1 + random()) * (last - first + 1) / $1::bigint)::bigint
                 AS seq
             FROM ends, generate_series(1, $1::bigint) AS part
+        ),
+        hits AS (
+            -- LIMIT keeps each probe a look-up of its own, never a join over the table.
+            SELECT draws.seq FROM draws CROSS JOIN LATERAL (
+                SELECT FROM outbox o WHERE o.seq = draws.seq AND o.status = 'pending' LIMIT 1
+            ) hit
         )
         SELECT
+            COALESCE((SELECT first FROM ends), 0) AS "first!",
             COALESCE((SELECT last - first + 1 FROM ends), 0) AS "span!",
-            -- LIMIT keeps each probe a look-up of its own, never a join over the table.
-            (SELECT count(*) FROM draws CROSS JOIN LATERAL (
-                SELECT FROM outbox o WHERE o.seq = draws.seq AND o.status = 'pending' LIMIT 1
-            ) hit) AS "hits!"
+            (SELECT count(*) FROM hits) AS "hits!",
+            (SELECT min(seq) FROM hits) AS "lowest_hit?"
         "#,
         probes,
+        from,
+    )
+    .fetch_one(pool)
+    .await
+}
+
+/// Counts pending events before sequence number `before`, up to `limit`.
+pub(crate) async fn count_pending_before(
+    pool: &PgPool,
+    before: i64,
+    limit: i64,
+) -> sqlx::Result<i64> {
+    sqlx::query_scalar!(
+        r#"
+        SELECT count(*) AS "count!" FROM (
+            SELECT FROM outbox WHERE status = 'pending' AND seq < $1 LIMIT $2
+        ) p
+        "#,
+        before,
+        limit,
     )
     .fetch_one(pool)
     .await
@@ -114,7 +147,7 @@ pub(crate) async fn dead(
         DeadEvent,
         r#"
         SELECT d.seq, d.id, d.aggregate_type, d.aggregate_id, d.event_type, d.attempts,
-            d.last_error, d.created_at, d.payload, d.traceparent,
+            d.last_error, d.created_at, NULL::jsonb AS payload, d.traceparent,
             (SELECT count(*) FROM (
                 SELECT FROM outbox w
                 WHERE w.aggregate_type = d.aggregate_type AND w.aggregate_id = d.aggregate_id
@@ -137,12 +170,35 @@ pub(crate) async fn dead(
         filter.aggregate_type,
         filter.event_type,
         filter.error_contains,
-        super::COUNT_LIMIT,
+        super::WAITING_BEHIND_LIMIT,
         filter.aggregate_id,
         filter.since,
         filter.until,
     )
     .fetch_all(pool)
+    .await
+}
+
+/// Dead event `id` with its payload.
+pub(crate) async fn dead_event(pool: &PgPool, id: Uuid) -> sqlx::Result<Option<DeadEvent>> {
+    sqlx::query_as!(
+        DeadEvent,
+        r#"
+        SELECT d.seq, d.id, d.aggregate_type, d.aggregate_id, d.event_type, d.attempts,
+            d.last_error, d.created_at, d.payload AS "payload?", d.traceparent,
+            (SELECT count(*) FROM (
+                SELECT FROM outbox w
+                WHERE w.aggregate_type = d.aggregate_type AND w.aggregate_id = d.aggregate_id
+                  AND w.status = 'pending' AND w.seq > d.seq
+                LIMIT $2
+            ) behind) AS "waiting_behind!"
+        FROM outbox d
+        WHERE d.id = $1 AND d.status = 'dead'
+        "#,
+        id,
+        super::WAITING_BEHIND_LIMIT,
+    )
+    .fetch_optional(pool)
     .await
 }
 

@@ -52,17 +52,16 @@ function formatDuration(seconds) {
   return `${(seconds / 3600).toFixed(1)} h`;
 }
 
-// How long the backlog takes to drain: the backlog over the net rate (what leaves less what
-// arrives) of the last minute of the charts' samples.
-let drainRates = null;
+// How long the backlog takes to drain: the backlog over how fast it shrank in the last minute
+// of the charts' samples (a database-wide count, so every relay's work shows in it).
+let drainRate = null;
 
 function drainText(stats) {
   const backlog = stats[config.drain.backlog];
   if (!(backlog > 0)) return "nothing pending";
-  if (!drainRates) return "–";
-  const net = drainRates.outflow - drainRates.inflow;
-  if (net <= 0) return drainRates.outflow > 0 ? "not draining" : "stalled";
-  return `~${formatDuration(backlog / net)}`;
+  if (drainRate === null) return "–";
+  if (drainRate <= 0) return "not draining";
+  return `~${formatDuration(backlog / drainRate)}`;
 }
 
 async function refreshStats() {
@@ -79,7 +78,7 @@ async function refreshStats() {
         el("div", { className: "value", id: `stat-${key}`, textContent: formatStat(key, stats[key], stats) }),
       ]));
     if (config.drain) {
-      tiles.push(el("div", { className: "tile", title: `${config.drain.backlog} / (${config.drain.outflow} − ${config.drain.inflow}), the last minute` }, [
+      tiles.push(el("div", { className: "tile", title: "the backlog over how fast it shrank in the last minute" }, [
         el("div", { className: "muted", textContent: "Drains in" }),
         el("div", { className: "value", id: "stat-drain", textContent: drainText(stats) }),
       ]));
@@ -142,7 +141,8 @@ async function refreshCharts() {
     return;
   }
   // The x axis spans what is held, up to the hour, so the first minutes fill the chart too.
-  const now = Date.now();
+  // The newest sample is the right edge: the service's clock, not the browser's.
+  const now = history.at.length ? Date.parse(history.at[history.at.length - 1]) : Date.now();
   const oldest = history.at.length ? Date.parse(history.at[0]) : now;
   const span = Math.min(Math.max(now - oldest, MIN_SPAN_MS), HOUR_MS);
   const start = now - span;
@@ -150,20 +150,22 @@ async function refreshCharts() {
     ? "(collecting…)"
     : `(the last ${formatSpan(span)}, a sample every ${history.intervalSeconds} s)`;
   if (config.drain) {
-    const recent = (key) => {
-      const values = (history.values[key] || [])
-        .slice(-Math.max(1, Math.round(60 / history.intervalSeconds)))
-        .filter((v) => v !== null && v !== undefined);
-      return values.length ? values.reduce((a, b) => a + b, 0) / values.length : null;
-    };
-    const inflow = recent(config.drain.inflow);
-    const outflow = recent(config.drain.outflow);
-    drainRates = inflow === null || outflow === null ? null : { inflow, outflow };
+    const minute = Math.max(2, Math.round(60 / history.intervalSeconds) + 1);
+    const at = history.at.slice(-minute);
+    const values = (history.values[config.drain.series] || []).slice(-minute);
+    const first = values.findIndex((v) => v !== null && v !== undefined);
+    const last = values.length - 1;
+    drainRate = first >= 0 && first < last && values[last] !== null && values[last] !== undefined
+      ? (values[first] - values[last]) / ((Date.parse(at[last]) - Date.parse(at[first])) / 1000)
+      : null;
   }
   const cards = config.charts.map((chart, c) => {
     const series = chart.lines.map((line) => history.values[line.key] || []);
-    const known = series.flat().filter((v) => v !== null && v !== undefined);
-    const max = Math.max(...known, 0);
+    // A loop, not Math.max(...): an hour of short samples is more arguments than a call takes.
+    let max = 0;
+    for (const values of series) {
+      for (const v of values) if (v !== null && v !== undefined && v > max) max = v;
+    }
     const top = max || 1;
     const plot = svg("svg", { viewBox: `0 0 ${CHART_W} ${CHART_H}`, role: "img",
       "aria-label": chart.title, class: "chart" });
@@ -199,10 +201,17 @@ function cell(column, item) {
   return el("td", { className: column.key === "error" || column.key === "lastError" ? "error" : "", textContent: text });
 }
 
+// The service counts what waits behind a dead event up to a limit.
+const WAITING_BEHIND_LIMIT = 100;
+
+function waitingBehind(item) {
+  return item.waitingBehind >= WAITING_BEHIND_LIMIT ? `${WAITING_BEHIND_LIMIT} or more` : String(item.waitingBehind);
+}
+
 // A skip cannot be undone: ask first, naming what waits behind the item.
 function confirmSkip(item) {
   const behind = item.waitingBehind > 0
-    ? `\n${item.waitingBehind} later event(s) of ${item.aggregateType} ${item.aggregateId} wait behind it and go on without it.`
+    ? `\n${waitingBehind(item)} later event(s) of ${item.aggregateType} ${item.aggregateId} wait behind it and go on without it.`
     : "";
   return window.confirm(`Skip ${item.id}? It is given up for good.${behind}`);
 }
@@ -320,6 +329,9 @@ function showFilters() {
   document.getElementById("bulk").replaceChildren(...buttons);
 }
 
+// What a type filter takes (the service refuses other values).
+const TOKEN = /^[A-Za-z0-9_:@-]{1,128}$/;
+
 // The longest error text a filter takes (the service refuses longer).
 const FILTER_TEXT_MAX = 500;
 
@@ -340,7 +352,7 @@ async function refreshGroups() {
     const show = el("button", { type: "button", textContent: "Show" });
     show.addEventListener("click", () => {
       for (const { key } of config.filters) document.getElementById(`filter-${key}`).value = "";
-      if (keys.has("eventType") && group.eventType) {
+      if (keys.has("eventType") && group.eventType && TOKEN.test(group.eventType)) {
         document.getElementById("filter-eventType").value = group.eventType;
       }
       if (keys.has("errorContains") && group.error) {
@@ -361,8 +373,22 @@ async function refreshGroups() {
   box.hidden = groups.length === 0;
 }
 
-// Rows whose details are open, kept across the refreshes.
+// Rows whose details are open, kept across the refreshes, and what was read of each: the
+// list leaves bodies out (a dead item is often one too large), the item's own URL has them.
 const openDetails = new Set();
+const details = new Map();
+
+async function loadDetail(id) {
+  const response = await fetch(`${config.dead}/${encodeURIComponent(id)}`, {
+    headers: { authorization: `Bearer ${token}` },
+    cache: "no-store",
+  });
+  if (response.ok) {
+    details.set(id, await response.json());
+  } else {
+    setStatus(`Details of ${id} unavailable: ${await problemDetail(response)}`, "bad");
+  }
+}
 
 function pretty(text) {
   try {
@@ -394,7 +420,7 @@ function detailText(item) {
   if (item.attempts !== undefined) parts.push(`Attempts: ${item.attempts}`);
   if (item.deliveries !== undefined) parts.push(`Deliveries: ${item.deliveries}`);
   if (item.waitingBehind !== undefined) {
-    parts.push(`Waiting behind it: ${item.waitingBehind} later event(s) of ${item.aggregateType} ${item.aggregateId}`);
+    parts.push(`Waiting behind it: ${waitingBehind(item)} later event(s) of ${item.aggregateType} ${item.aggregateId}`);
   }
   if (item.traceparent) parts.push(`Traceparent: ${item.traceparent}`);
   if (item.headers) {
@@ -426,10 +452,12 @@ async function refreshDead() {
       : response.status === 403 ? "no token is configured on this service"
       : await problemDetail(response);
     document.getElementById("dead-summary").textContent = "";
-    document.getElementById("filter-form").hidden = true;
+    // A bad filter value: keep the form, so that it can be corrected.
+    document.getElementById("filter-form").hidden = response.status !== 422;
     document.getElementById("groups-box").hidden = true;
     setStatus(`Dead letters unavailable: ${reason}`, "bad");
     if (response.status === 401 || response.status === 403) token = "";
+    if (response.status === 422) filters = new URLSearchParams();
     return;
   }
   const page = await response.json();
@@ -454,8 +482,13 @@ async function refreshDead() {
       className: "details",
       textContent: openDetails.has(id) ? "Hide" : "Details",
     });
-    toggle.addEventListener("click", () => {
-      if (!openDetails.delete(id)) openDetails.add(id);
+    toggle.addEventListener("click", async () => {
+      if (openDetails.delete(id)) {
+        refreshDead();
+        return;
+      }
+      openDetails.add(id);
+      await loadDetail(id);
       refreshDead();
     });
     const row = el("tr", {}, [
@@ -466,7 +499,7 @@ async function refreshDead() {
     if (!openDetails.has(id)) return [row];
     const detail = el("tr", { className: "detail" }, [
       el("td", { colSpan: config.columns.length + 1 }, [
-        el("pre", { className: "detail-body", textContent: detailText(item) }),
+        el("pre", { className: "detail-body", textContent: detailText(details.get(id) ?? item) }),
       ]),
     ]);
     detail.dataset.detailOf = id;
