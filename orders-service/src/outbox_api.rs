@@ -51,7 +51,7 @@ pub fn describe_metrics() {
     );
     metrics::describe_gauge!(
         "outbox_pending_events_margin",
-        "How far the truth may be from outbox_pending_events (95% interval), 0 when exact."
+        "How far the truth may be from outbox_pending_events (99.9% interval), 0 when exact."
     );
     metrics::describe_gauge!(
         "outbox_dead_events",

@@ -1,17 +1,21 @@
 //! The backlog past the count's limit: pending events are estimated from probes of the
-//! sequence numbers they span (one at random in each of equal parts of the span), with a 95%
+//! sequence numbers they span (one at random in each of equal parts of the span), with a 99.9%
 //! interval, so that a million waiting events reads as about a million and not as the limit,
 //! at the cost of a fixed number of index look-ups.
 
 /// Sequence numbers probed per estimate: within a few percent when the backlog fills a good
 /// share of its span, and a bounded cost whatever the backlog.
-pub(crate) const PROBES: i64 = 2_000;
+pub(crate) const PROBES: i64 = 1_000;
+
+/// The normal quantile of the interval the margin spans: 99.9%, so that the truth falls
+/// outside it about once in a thousand reads.
+const Z: f64 = 3.29;
 
 /// Fewer hits than this leave the estimate too coarse: the caller narrows the span and probes
 /// again.
 pub(crate) const PRECISE_HITS: i64 = 400;
 
-/// An estimate of a count, and how far from it the truth may be (95% interval, half-width).
+/// An estimate of a count, and how far from it the truth may be (99.9% interval, half-width).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Estimate {
     pub count: i64,
@@ -29,7 +33,7 @@ pub(crate) fn estimate(span: i64, probes: i64, hits: i64, at_least: i64) -> Esti
             margin: 0,
         };
     }
-    let (n, z) = (probes as f64, 1.96_f64);
+    let (n, z) = (probes as f64, Z);
     let share = (hits as f64 / n).clamp(0.0, 1.0);
     let z2 = z * z;
     let centre = (share + z2 / (2.0 * n)) / (1.0 + z2 / n);
@@ -57,14 +61,14 @@ mod tests {
     fn a_full_span_is_estimated_closely() {
         let e = estimate(1_000_000, PROBES, PROBES, 10_000);
         assert_eq!(e.count, 1_000_000);
-        assert!(e.margin <= 5_000, "{e:?}");
+        assert!(e.margin <= 15_000, "{e:?}");
     }
 
     #[test]
     fn half_a_span_is_estimated_within_ten_percent() {
         let e = estimate(1_000_000, PROBES, PROBES / 2, 10_000);
         assert_eq!(e.count, 500_000);
-        assert!(e.margin <= 50_000, "{e:?}");
+        assert!(e.margin <= 60_000, "{e:?}");
     }
 
     #[test]

@@ -53,7 +53,7 @@ pub struct OutboxStats {
     /// Events not yet published (including those waiting behind a dead event): exact below
     /// 10,000, estimated beyond (see `pendingMargin`).
     pub pending: i64,
-    /// How far the truth may be from `pending` (a 95% interval's half-width): 0 when it is
+    /// How far the truth may be from `pending` (a 99.9% interval's half-width): 0 when it is
     /// exact.
     pub pending_margin: i64,
     /// Events that exhausted their attempts and wait for an operator, up to 10,000.
