@@ -83,26 +83,10 @@ pub const OPS: OpsPage = OpsPage {
             label: "Aggregate id",
             hint: "o-123",
         },
-        Filter {
-            key: "eventType",
-            label: "Event type",
-            hint: "",
-        },
-        Filter {
-            key: "errorContains",
-            label: "Error contains",
-            hint: "",
-        },
-        Filter {
-            key: "since",
-            label: "Since",
-            hint: "2026-12-06T09:00:00Z",
-        },
-        Filter {
-            key: "until",
-            label: "Until",
-            hint: "2026-12-06T10:00:00Z",
-        },
+        Filter::EVENT_TYPE,
+        Filter::ERROR_CONTAINS,
+        Filter::SINCE,
+        Filter::UNTIL,
     ],
     charts: CHARTS,
     drain: Some(Drain {

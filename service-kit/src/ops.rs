@@ -107,6 +107,33 @@ pub struct Filter {
     pub hint: &'static str,
 }
 
+impl Filter {
+    /// The message's event type, on both services.
+    pub const EVENT_TYPE: Self = Self {
+        key: "eventType",
+        label: "Event type",
+        hint: "",
+    };
+    /// Text the error contains.
+    pub const ERROR_CONTAINS: Self = Self {
+        key: "errorContains",
+        label: "Error contains",
+        hint: "",
+    };
+    /// From this time on (RFC 3339).
+    pub const SINCE: Self = Self {
+        key: "since",
+        label: "Since",
+        hint: "2026-12-06T09:00:00Z",
+    };
+    /// Before this time (RFC 3339).
+    pub const UNTIL: Self = Self {
+        key: "until",
+        label: "Until",
+        hint: "2026-12-06T10:00:00Z",
+    };
+}
+
 #[derive(Clone)]
 struct Html(Arc<str>);
 
