@@ -61,7 +61,7 @@ impl NatsServer {
     pub async fn start_with_max_payload(dir: &Path, max_payload: usize) -> Self {
         let mut server = Self::unstarted(dir, None, None, None);
         server.max_payload = Some(max_payload);
-        server.restart().await;
+        server.start_fresh().await;
         server
     }
 
@@ -104,7 +104,7 @@ impl NatsServer {
         tls: Option<TlsFiles>,
     ) -> Self {
         let mut server = Self::unstarted(dir, credentials, tls, None);
-        server.restart().await;
+        server.start_fresh().await;
         server
     }
 
@@ -143,7 +143,7 @@ impl NatsServer {
         server.credentials = credentials;
         server.config = Some(config);
         server.env = env;
-        server.restart().await;
+        server.start_fresh().await;
         server
     }
 
@@ -153,7 +153,7 @@ impl NatsServer {
         let mut server = Self::unstarted(dir, None, None, None);
         server.program = Some(program);
         server.config = config;
-        server.restart().await;
+        server.start_fresh().await;
         server
     }
 
@@ -281,8 +281,18 @@ impl NatsServer {
         assert!(sent.success(), "SIGHUP sent");
     }
 
-    /// Starts the server again on the same port and store.
+    /// Starts the stopped server again, on its port (its clients' URLs hold it).
     pub async fn restart(&mut self) {
+        assert!(
+            self.spawn_accepting().await,
+            "nats-server exited at start: its port {} was taken? (see {})",
+            self.port,
+            self.store.with_extension("log").display()
+        );
+    }
+
+    /// Spawns the server; true once it accepts connections, false when it exited first.
+    async fn spawn_accepting(&mut self) -> bool {
         let server = self.program();
         let config = self.write_config();
         let child = Command::new(server)
@@ -353,21 +363,47 @@ impl NatsServer {
             .spawn()
             .expect("nats-server starts");
         self.child = Some(child);
+        self.accepting().await
+    }
+
+    /// Starts a server no client knows yet: on another free port when the one it was given was
+    /// taken between `free_port` and the server's bind (another test's server got it).
+    async fn start_fresh(&mut self) {
+        for _ in 0..3 {
+            if self.spawn_accepting().await {
+                return;
+            }
+            self.port = free_port();
+        }
+        panic!(
+            "nats-server exited at start three times: see {}",
+            self.store.with_extension("log").display()
+        );
+    }
+
+    /// Waits until this server accepts connections: true, or false when it exited first. A
+    /// connection alone is not enough: another server may hold the port this one could not bind.
+    async fn accepting(&mut self) -> bool {
         let (url, security) = (self.url(), self.security());
-        eventually(
-            "nats-server to accept connections",
-            Duration::from_secs(20),
-            || {
-                let (url, security) = (url.clone(), security.clone());
-                async move {
-                    service_kit::infra::connect_nats_with(&url, "e2e", &security)
-                        .await
-                        .ok()
-                        .map(drop)
-                }
-            },
-        )
-        .await;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            let child = self.child.as_mut().expect("spawned");
+            if !matches!(child.try_wait(), Ok(None)) {
+                return false;
+            }
+            if service_kit::infra::connect_nats_with(&url, "e2e", &security)
+                .await
+                .is_ok()
+            {
+                let child = self.child.as_mut().expect("spawned");
+                return matches!(child.try_wait(), Ok(None));
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "nats-server did not accept connections within 20 s"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     /// SIGKILL, and waits until it is gone.
