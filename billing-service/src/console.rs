@@ -54,6 +54,10 @@ pub const OPS: OpsPage = OpsPage {
             label: "Subject",
         },
         Column {
+            key: "errorClass",
+            label: "Class",
+        },
+        Column {
             key: "error",
             label: "Error",
         },
@@ -78,6 +82,7 @@ pub const OPS: OpsPage = OpsPage {
     ],
     filters: &[
         Filter::EVENT_TYPE,
+        Filter::ERROR_CLASS,
         Filter::ERROR_CONTAINS,
         Filter::SINCE,
         Filter::UNTIL,

@@ -133,6 +133,9 @@ struct DeadListParams {
     /// Only letters whose error contains this text (1-500 characters, no NUL).
     #[param(min_length = 1, max_length = 500, pattern = r"^[^\x00]+$")]
     error_contains: Option<String>,
+    /// Only letters whose error is of this class (as `invalid-payload`: the groups name them).
+    #[param(min_length = 1, max_length = 500, pattern = r"^[^\x00]+$")]
+    error_class: Option<String>,
     /// Only letters dead-lettered from this time on (RFC 3339, as `2026-12-06T09:00:00Z`).
     #[param(format = DateTime)]
     since: Option<String>,
@@ -152,6 +155,9 @@ struct DeadFilterParams {
     /// Only letters whose error contains this text (1-500 characters, no NUL).
     #[param(min_length = 1, max_length = 500, pattern = r"^[^\x00]+$")]
     error_contains: Option<String>,
+    /// Only letters whose error is of this class (as `invalid-payload`: the groups name them).
+    #[param(min_length = 1, max_length = 500, pattern = r"^[^\x00]+$")]
+    error_class: Option<String>,
     /// Only letters dead-lettered from this time on (RFC 3339, as `2026-12-06T09:00:00Z`).
     #[param(format = DateTime)]
     since: Option<String>,
@@ -160,17 +166,18 @@ struct DeadFilterParams {
     until: Option<String>,
 }
 
-/// The filter the query's `eventType`, `errorContains`, `since` and `until` make, or a 422
-/// naming the bad one.
+/// The filter the query's `eventType`, `errorContains`, `errorClass`, `since` and `until`
+/// make, or a 422 naming the bad one.
 fn filter(
     event_type: Option<String>,
-    error_contains: Option<String>,
+    (error_contains, error_class): (Option<String>, Option<String>),
     since: Option<String>,
     until: Option<String>,
 ) -> Result<DeadLetterFilter, ApiError> {
     let mut filter = DeadLetterFilter::all();
     filter.event_type = dead::token_filter("eventType", event_type)?;
     filter.error_contains = dead::text_filter("errorContains", error_contains)?;
+    filter.error_class = dead::text_filter("errorClass", error_class)?;
     filter.since = dead::time_filter("since", since)?;
     filter.until = dead::time_filter("until", until)?;
     Ok(filter)
@@ -194,7 +201,7 @@ async fn list_dead(
     let after = pagination::after_number(params.cursor.as_deref())?;
     let filter = filter(
         params.event_type,
-        params.error_contains,
+        (params.error_contains, params.error_class),
         params.since,
         params.until,
     )?;
@@ -202,8 +209,8 @@ async fn list_dead(
     Ok(Json(Page::of(rows, limit, |d| d.id.to_string())))
 }
 
-/// Open dead letters grouped by `ce-type` and error, the largest groups first (admin or
-/// read-only token): each group's values are a filter for its bulk action.
+/// Open dead letters grouped by `ce-type` and error class (by error without one), the largest
+/// groups first (admin or read-only token): each group's values are a filter for its bulk action.
 #[utoipa::path(get, path = "/inbox/dead/groups", tag = "inbox",
     security(("admin" = [])), responses(
     (status = 200, description = "The groups", body = DeadGroups),
@@ -271,7 +278,7 @@ async fn replay_matching(
     let mut after = pagination::after_number(params.cursor.as_deref())?;
     let filter = filter(
         params.event_type,
-        params.error_contains,
+        (params.error_contains, params.error_class),
         params.since,
         params.until,
     )?;
@@ -328,7 +335,7 @@ async fn skip_matching(
 ) -> Result<Json<BulkOutcome>, ApiError> {
     let filter = filter(
         params.event_type,
-        params.error_contains,
+        (params.error_contains, params.error_class),
         params.since,
         params.until,
     )?;
@@ -346,6 +353,7 @@ fn described(filter: &DeadLetterFilter) -> String {
     dead::described(&[
         ("eventType", filter.event_type.as_deref()),
         ("errorContains", filter.error_contains.as_deref()),
+        ("errorClass", filter.error_class.as_deref()),
         ("since", since.as_deref()),
         ("until", until.as_deref()),
     ])

@@ -18,6 +18,7 @@ use std::str::FromStr as _;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use crate::reason::UNREADABLE;
 use async_nats::jetstream;
 use base64::Engine as _;
 use jetstream_outbox::Inbox;
@@ -208,7 +209,8 @@ impl Sweep {
         // Its id says where it came from, so that it is kept once.
         let id = format!("nats-sequence:{}:{seq}", self.stream);
         // The broker's delivery count is not known without a delivery to read it from.
-        let mut letter = NewDeadLetter::new(&message.subject, body, &error);
+        let mut letter =
+            NewDeadLetter::new(&message.subject, body, &error).with_error_class(UNREADABLE);
         letter.message_id = Some(&id);
         letter.headers = serde_json::json!({ "NATS-Raw-Headers": [{ "hex": hex(headers) }] });
         let kept = self.inbox.dead_letter_once(letter).await?;

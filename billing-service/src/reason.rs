@@ -60,6 +60,9 @@ pub enum DeadReason {
     },
 }
 
+/// The class of a message the NATS client cannot read, which the quarantine keeps.
+pub const UNREADABLE: &str = "unreadable";
+
 impl DeadReason {
     /// The kind of failure: a stable name to group dead letters by.
     pub fn class(&self) -> &'static str {

@@ -517,6 +517,28 @@ async fn bulk_replay_and_skip_take_the_letters_their_filter_matches() {
     assert_eq!(listed["items"].as_array().unwrap().len(), 2, "{listed}");
     let listed = app.admin("GET", "/inbox/dead?eventType=OrderPlaced").await;
     assert_eq!(listed["items"][0]["messageId"], "m-poison", "{listed}");
+    // Each kind of failure has its class: the poison message's, and the two not applicable.
+    let listed = app
+        .admin("GET", "/inbox/dead?errorClass=invalid-payload")
+        .await;
+    let items = listed["items"].as_array().unwrap();
+    assert_eq!(items.len(), 1, "{listed}");
+    assert_eq!(items[0]["messageId"], "m-poison", "{listed}");
+    let groups = app.admin("GET", "/inbox/dead/groups").await;
+    let classes: Vec<_> = groups["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| (g["errorClass"].as_str(), g["count"].as_i64()))
+        .collect();
+    assert_eq!(
+        classes,
+        [
+            (Some("not-applicable"), Some(2)),
+            (Some("invalid-payload"), Some(1))
+        ],
+        "{groups}"
+    );
     let refused = reqwest::Client::new()
         .post(format!(
             "{}/inbox/dead/retry?eventType=a.b",

@@ -225,9 +225,10 @@ async fn check_stream(
             stream
                 .create_consumer(async_nats::jetstream::consumer::pull::OrderedConfig {
                     headers_only: true,
-                    deliver_policy: async_nats::jetstream::consumer::DeliverPolicy::ByStartSequence {
-                        start_sequence: sequence,
-                    },
+                    deliver_policy:
+                        async_nats::jetstream::consumer::DeliverPolicy::ByStartSequence {
+                            start_sequence: sequence,
+                        },
                     ..Default::default()
                 })
                 .await
@@ -250,7 +251,9 @@ async fn check_stream(
                 quiet < 3,
                 "no message of the stream within 30 s, {quiet} times, after {read} (of {last}): {now:?}"
             );
-            eprintln!("checker: no message within 30 s after {read} (of {last}); reading again: {now:?}");
+            eprintln!(
+                "checker: no message within 30 s after {read} (of {last}); reading again: {now:?}"
+            );
             messages = read_from(read + 1).await;
             continue;
         };

@@ -109,6 +109,10 @@ pub(crate) struct Filters {
     /// Only those whose error contains this text.
     #[arg(long)]
     pub(crate) error_contains: Option<String>,
+    /// Only those whose error is of this class (as not-accepted or invalid-payload: `groups`
+    /// names them).
+    #[arg(long)]
+    pub(crate) error_class: Option<String>,
     /// Only events of this aggregate (orders-service only).
     #[arg(long)]
     pub(crate) aggregate_id: Option<String>,
@@ -128,6 +132,7 @@ impl Filters {
             ("aggregateType", &self.aggregate_type),
             ("eventType", &self.event_type),
             ("errorContains", &self.error_contains),
+            ("errorClass", &self.error_class),
             ("aggregateId", &self.aggregate_id),
             ("since", &self.since),
             ("until", &self.until),

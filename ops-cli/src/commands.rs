@@ -38,7 +38,14 @@ pub(crate) async fn run(cli: Cli) -> anyhow::Result<()> {
             } else {
                 out.table(
                     &serde_json::json!({ "items": answer["groups"] }),
-                    &["count", "eventType", "error", "oldest", "newest"],
+                    &[
+                        "count",
+                        "eventType",
+                        "errorClass",
+                        "error",
+                        "oldest",
+                        "newest",
+                    ],
                 );
             }
         }

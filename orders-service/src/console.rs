@@ -54,6 +54,10 @@ pub const OPS: OpsPage = OpsPage {
             label: "Attempts",
         },
         Column {
+            key: "errorClass",
+            label: "Class",
+        },
+        Column {
             key: "lastError",
             label: "Last error",
         },
@@ -84,6 +88,7 @@ pub const OPS: OpsPage = OpsPage {
             hint: "o-123",
         },
         Filter::EVENT_TYPE,
+        Filter::ERROR_CLASS,
         Filter::ERROR_CONTAINS,
         Filter::SINCE,
         Filter::UNTIL,

@@ -100,6 +100,9 @@ struct DeadFilterParams {
     /// Only events whose last error contains this text (1-500 characters, no NUL).
     #[param(min_length = 1, max_length = 500, pattern = r"^[^\x00]+$")]
     error_contains: Option<String>,
+    /// Only events whose last error is of this class (as `not-accepted`: the groups name them).
+    #[param(min_length = 1, max_length = 500, pattern = r"^[^\x00]+$")]
+    error_class: Option<String>,
     /// Only events of this aggregate.
     #[param(pattern = r"^[A-Za-z0-9_:@-]{1,128}$")]
     aggregate_id: Option<String>,
@@ -117,6 +120,7 @@ impl DeadFilterParams {
         filter.aggregate_type = dead::token_filter("aggregateType", self.aggregate_type)?;
         filter.event_type = dead::token_filter("eventType", self.event_type)?;
         filter.error_contains = dead::text_filter("errorContains", self.error_contains)?;
+        filter.error_class = dead::text_filter("errorClass", self.error_class)?;
         filter.aggregate_id = dead::token_filter("aggregateId", self.aggregate_id)?;
         filter.since = dead::time_filter("since", self.since)?;
         filter.until = dead::time_filter("until", self.until)?;
@@ -145,6 +149,9 @@ struct DeadListParams {
     /// Only events whose last error contains this text (1-500 characters, no NUL).
     #[param(min_length = 1, max_length = 500, pattern = r"^[^\x00]+$")]
     error_contains: Option<String>,
+    /// Only events whose last error is of this class (as `not-accepted`: the groups name them).
+    #[param(min_length = 1, max_length = 500, pattern = r"^[^\x00]+$")]
+    error_class: Option<String>,
     /// Only events of this aggregate.
     #[param(pattern = r"^[A-Za-z0-9_:@-]{1,128}$")]
     aggregate_id: Option<String>,
@@ -176,6 +183,7 @@ async fn list_dead(
         aggregate_type: params.aggregate_type,
         event_type: params.event_type,
         error_contains: params.error_contains,
+        error_class: params.error_class,
         aggregate_id: params.aggregate_id,
         since: params.since,
         until: params.until,
@@ -185,8 +193,8 @@ async fn list_dead(
     Ok(Json(Page::of(rows, limit, |e| e.seq.to_string())))
 }
 
-/// Dead events grouped by event type and error, the largest groups first (admin or
-/// read-only token): each group's values are a filter for its bulk action.
+/// Dead events grouped by event type and error class (by error without one), the largest groups
+/// first (admin or read-only token): each group's values are a filter for its bulk action.
 #[utoipa::path(get, path = "/outbox/dead/groups", tag = "outbox",
     security(("admin" = [])), responses(
     (status = 200, description = "The groups", body = DeadGroups),
@@ -251,6 +259,7 @@ fn described(filter: &DeadFilter) -> String {
         ("aggregateId", filter.aggregate_id.as_deref()),
         ("eventType", filter.event_type.as_deref()),
         ("errorContains", filter.error_contains.as_deref()),
+        ("errorClass", filter.error_class.as_deref()),
         ("since", since.as_deref()),
         ("until", until.as_deref()),
     ])

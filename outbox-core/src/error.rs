@@ -144,6 +144,18 @@ impl PublishError {
         matches!(self, Self::NoAck(_) | Self::StorageFull(_))
     }
 
+    /// The kind of this error, as stored in `error_class` ([`crate::outbox::error_classes`]).
+    pub fn class(&self) -> &'static str {
+        use crate::outbox::error_classes as class;
+        match self {
+            Self::NotAccepted(_) => class::NOT_ACCEPTED,
+            Self::NoAck(_) => class::NO_ACK,
+            Self::Unreachable(_) => class::UNREACHABLE,
+            Self::StreamNotFound(_) => class::STREAM_NOT_FOUND,
+            Self::StorageFull(_) => class::STORAGE_FULL,
+        }
+    }
+
     /// The error with its causes on one line, as stored in `last_error`.
     pub fn chain(&self) -> String {
         chain(self)

@@ -8,7 +8,8 @@ use serde::Serialize;
 /// the grouping as cheap with a flood of failures as with a few.
 pub const GROUPS_READ_LIMIT: i64 = crate::outbox::COUNT_LIMIT;
 
-/// Dead items sharing an event type and an error.
+/// Dead items sharing an event type and the kind of their error, or, for those whose error has
+/// no kind, its text.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[non_exhaustive]
 #[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
@@ -16,7 +17,9 @@ pub const GROUPS_READ_LIMIT: i64 = crate::outbox::COUNT_LIMIT;
 pub struct DeadGroup {
     /// Their event type (a dead letter's `ce-type`), when they had one.
     pub event_type: Option<String>,
-    /// Their error, word for word.
+    /// The kind of their error; `None` when they have none, and are grouped by `error`.
+    pub error_class: Option<String>,
+    /// Their error word for word without a kind; with one, the error of one of them.
     pub error: String,
     /// How many there are (of the dead items read).
     pub count: i64,

@@ -177,6 +177,11 @@ async fn a_row_the_relay_cannot_publish_is_dead_with_its_reason(pool: PgPool) {
         reasons[1].0 == "o2" && reasons[1].1.contains("event_type"),
         "{reasons:?}"
     );
+    assert!(
+        dead.iter()
+            .all(|e| e.error_class.as_deref() == Some(outbox::error_classes::UNPUBLISHABLE)),
+        "{dead:?}"
+    );
     assert!(!running.is_finished(), "the relay still runs");
     stop.cancel();
     running.await.unwrap();

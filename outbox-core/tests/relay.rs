@@ -412,6 +412,14 @@ async fn bulk_actions_take_the_dead_events_their_filter_matches(pool: PgPool) {
         .find(|event| event.aggregate_id == "c1")
         .unwrap();
     assert!(!injected.last_error.as_ref().unwrap().contains(&refusal));
+    let o2 = dead
+        .iter()
+        .find(|event| event.aggregate_id == "o2")
+        .unwrap();
+    assert_eq!(
+        o2.error_class.as_deref(),
+        Some(outbox::error_classes::NOT_ACCEPTED)
+    );
     // The broker's words, without the parts that name the event.
     let refused_by_stream = DeadFilter::all().error_contains(&refusal[refusal.len() - 20..]);
 

@@ -120,6 +120,12 @@ impl Filter {
         label: "Error contains",
         hint: "",
     };
+    /// The class of the error, as the groups name it.
+    pub const ERROR_CLASS: Self = Self {
+        key: "errorClass",
+        label: "Error class",
+        hint: "",
+    };
     /// From this time on (RFC 3339).
     pub const SINCE: Self = Self {
         key: "since",

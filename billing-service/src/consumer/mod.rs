@@ -249,8 +249,8 @@ impl Consumer {
             }
             Verdict::Retry(_) => AckKind::Nak(Some(self.config.retry_delay)),
             Verdict::Dead(reason) => {
-                let reason = reason.to_string();
-                let letter = NewDeadLetter::of_message(&message, &reason);
+                let (class, reason) = (reason.class(), reason.to_string());
+                let letter = NewDeadLetter::of_message(&message, &reason).with_error_class(class);
                 match self
                     .rules
                     .inbox()

@@ -203,6 +203,8 @@ pub struct DeadLetter {
     pub payload: Vec<u8>,
     /// Why it was dead-lettered.
     pub error: String,
+    /// The kind of that error the consumer gave ([`NewDeadLetter::error_class`]), if any.
+    pub error_class: Option<String>,
     /// How many times the broker had delivered it.
     pub deliveries: i64,
     /// When it was dead-lettered.
@@ -230,6 +232,9 @@ pub struct NewDeadLetter<'a> {
     pub payload: &'a [u8],
     /// Why it cannot be applied.
     pub error: &'a str,
+    /// The kind of that error: a stable name, the same for every letter failing the same way
+    /// (`invalid-payload`), which operators filter and group dead letters by.
+    pub error_class: Option<&'a str>,
     /// Delivery count reported by the broker.
     pub deliveries: i64,
 }
@@ -244,6 +249,7 @@ impl<'a> NewDeadLetter<'a> {
             headers: serde_json::Value::Object(serde_json::Map::new()),
             payload,
             error,
+            error_class: None,
             deliveries: 0,
         }
     }
@@ -261,8 +267,16 @@ impl<'a> NewDeadLetter<'a> {
             ),
             payload: &message.payload,
             error,
+            error_class: None,
             deliveries: message.info().map_or(0, |info| info.delivered),
         }
+    }
+
+    /// The same letter, its error of kind `class` ([`NewDeadLetter::error_class`]).
+    #[must_use]
+    pub fn with_error_class(mut self, class: &'a str) -> Self {
+        self.error_class = Some(class);
+        self
     }
 }
 
@@ -275,6 +289,8 @@ pub struct DeadLetterFilter {
     pub event_type: Option<String>,
     /// Only letters whose error contains this text.
     pub error_contains: Option<String>,
+    /// Only letters whose error is of this kind ([`NewDeadLetter::error_class`]).
+    pub error_class: Option<String>,
     /// Only letters dead-lettered at or after this time.
     pub since: Option<DateTime<Utc>>,
     /// Only letters dead-lettered before this time.
@@ -298,6 +314,13 @@ impl DeadLetterFilter {
     #[must_use]
     pub fn error_contains(mut self, text: impl Into<String>) -> Self {
         self.error_contains = Some(text.into());
+        self
+    }
+
+    /// Only letters whose error is of kind `class`.
+    #[must_use]
+    pub fn error_class(mut self, class: impl Into<String>) -> Self {
+        self.error_class = Some(class.into());
         self
     }
 

@@ -249,8 +249,9 @@ pub(crate) async fn insert_dead(
             LIMIT 1
         ), kept AS (
             INSERT INTO inbox_dead
-                (consumer, message_id, subject, subject_bytes, headers, payload, error, deliveries)
-            SELECT $1, $2, $3, $4, $5, $6, $7, $8
+                (consumer, message_id, subject, subject_bytes, headers, payload, error, deliveries,
+                 error_class)
+            SELECT $1, $2, $3, $4, $5, $6, $7, $8, $10
             WHERE NOT EXISTS (SELECT FROM open_copy)
               AND (NOT $9 OR NOT EXISTS (
                   SELECT FROM inbox_dead WHERE consumer = $1 AND message_id = $2
@@ -270,6 +271,7 @@ pub(crate) async fn insert_dead(
         &*error,
         letter.deliveries,
         once,
+        letter.error_class,
     )
     .fetch_optional(pool)
     .await?;
@@ -285,7 +287,8 @@ fn storable(text: &str) -> Cow<'_, str> {
     }
 }
 
-/// Open dead letters of `consumer` grouped by `ce-type` and error, of the first `read`.
+/// Open dead letters of `consumer` grouped by `ce-type` and error class (by error text where
+/// there is no class), of the first `read`.
 pub(crate) async fn dead_groups(
     pool: &PgPool,
     consumer: &str,
@@ -295,11 +298,12 @@ pub(crate) async fn dead_groups(
     sqlx::query_as!(
         crate::groups::DeadGroup,
         r#"
-        SELECT event_type AS "event_type?", error AS "error!", count(*) AS "count!",
-            min(created_at) AS "oldest!", max(created_at) AS "newest!"
-        FROM (SELECT headers->($3::text)->>0 AS event_type, error, created_at FROM inbox_dead
+        SELECT event_type AS "event_type?", error_class, max(error) AS "error!",
+            count(*) AS "count!", min(created_at) AS "oldest!", max(created_at) AS "newest!"
+        FROM (SELECT headers->($3::text)->>0 AS event_type, error_class, error, created_at
+              FROM inbox_dead
               WHERE consumer = $1 AND closed_at IS NULL LIMIT $2) d
-        GROUP BY event_type, error
+        GROUP BY event_type, error_class, CASE WHEN error_class IS NULL THEN error END
         ORDER BY count(*) DESC, min(created_at)
         LIMIT $4
         "#,
@@ -323,13 +327,15 @@ pub(crate) async fn dead(
     sqlx::query_as!(
         DeadLetter,
         r#"
-        SELECT id, message_id, subject, headers, payload, error, deliveries, created_at
+        SELECT id, message_id, subject, headers, payload, error, error_class, deliveries,
+            created_at
         FROM inbox_dead
         WHERE consumer = $1 AND closed_at IS NULL AND id > $2
           AND ($4::text IS NULL OR headers->($6::text)->>0 = $4)
           AND ($5::text IS NULL OR strpos(error, $5) > 0)
           AND ($7::timestamptz IS NULL OR created_at >= $7)
           AND ($8::timestamptz IS NULL OR created_at < $8)
+          AND ($9::text IS NULL OR error_class = $9)
         ORDER BY id
         LIMIT $3
         "#,
@@ -341,6 +347,7 @@ pub(crate) async fn dead(
         crate::headers::TYPE,
         filter.since,
         filter.until,
+        filter.error_class,
     )
     .fetch_all(pool)
     .await
@@ -355,7 +362,8 @@ pub(crate) async fn find_dead(
     sqlx::query_as!(
         DeadLetter,
         r#"
-        SELECT id, message_id, subject, headers, payload, error, deliveries, created_at
+        SELECT id, message_id, subject, headers, payload, error, error_class, deliveries,
+            created_at
         FROM inbox_dead
         WHERE consumer = $1 AND id = $2 AND closed_at IS NULL
         "#,
@@ -384,6 +392,7 @@ pub(crate) async fn close_dead(
           AND ($5::text IS NULL OR strpos(error, $5) > 0)
           AND ($7::timestamptz IS NULL OR created_at >= $7)
           AND ($8::timestamptz IS NULL OR created_at < $8)
+          AND ($9::text IS NULL OR error_class = $9)
         "#,
         consumer,
         id,
@@ -393,6 +402,7 @@ pub(crate) async fn close_dead(
         crate::headers::TYPE,
         filter.since,
         filter.until,
+        filter.error_class,
     )
     .execute(pool)
     .await?;

@@ -136,6 +136,9 @@ pub struct DeadEvent {
     pub attempts: i32,
     /// The last publish error.
     pub last_error: Option<String>,
+    /// The kind of that error, a stable name to filter and group by ([`error_classes`]); `None`
+    /// for an event that failed before the outbox stored kinds.
+    pub error_class: Option<String>,
     /// When the event was enqueued.
     pub created_at: DateTime<Utc>,
     /// Its body: read by [`dead_event`], left out of [`dead`]'s listings (a dead event is often
@@ -147,6 +150,22 @@ pub struct DeadEvent {
     /// Later events of its aggregate held back behind it, counted up to [`WAITING_BEHIND_LIMIT`]:
     /// what a retry releases after it, and a skip releases without it.
     pub waiting_behind: i64,
+}
+
+/// The kinds of failure the relay stores with an event's last error (`error_class`).
+pub mod error_classes {
+    /// The row can never become a message (a name that is not a subject token): dead at once.
+    pub const UNPUBLISHABLE: &str = "unpublishable";
+    /// The broker refused the message ([`crate::PublishError::NotAccepted`]).
+    pub const NOT_ACCEPTED: &str = "not-accepted";
+    /// No acknowledgement came ([`crate::PublishError::NoAck`]).
+    pub const NO_ACK: &str = "no-ack";
+    /// The broker could not be reached ([`crate::PublishError::Unreachable`]).
+    pub const UNREACHABLE: &str = "unreachable";
+    /// No stream answered for the subject ([`crate::PublishError::StreamNotFound`]).
+    pub const STREAM_NOT_FOUND: &str = "stream-not-found";
+    /// The stream or its account had no room ([`crate::PublishError::StorageFull`]).
+    pub const STORAGE_FULL: &str = "storage-full";
 }
 
 /// The most events [`DeadEvent::waiting_behind`] counts, so that a listing stays cheap when an
@@ -164,6 +183,8 @@ pub struct DeadFilter {
     pub event_type: Option<String>,
     /// Only events whose last error contains this text.
     pub error_contains: Option<String>,
+    /// Only events whose last error is of this kind ([`error_classes`]).
+    pub error_class: Option<String>,
     /// Only events of this aggregate (of any type, unless `aggregate_type` is set too).
     pub aggregate_id: Option<String>,
     /// Only events enqueued at or after this time.
@@ -199,6 +220,13 @@ impl DeadFilter {
         self
     }
 
+    /// Only events whose last error is of kind `class` ([`error_classes`]).
+    #[must_use]
+    pub fn error_class(mut self, class: impl Into<String>) -> Self {
+        self.error_class = Some(class.into());
+        self
+    }
+
     /// Only events of aggregate `aggregate_id`.
     #[must_use]
     pub fn aggregate_id(mut self, aggregate_id: impl Into<String>) -> Self {
@@ -224,7 +252,8 @@ pub async fn dead(
     storage::dead(pool, filter, after_seq, limit).await
 }
 
-/// Dead events grouped by event type and error, the largest groups first, at most `limit`
+/// Dead events grouped by event type and the kind of their error (by the error's text for those
+/// without one), the largest groups first, at most `limit`
 /// groups of the first [`crate::groups::GROUPS_READ_LIMIT`] dead events.
 pub async fn dead_groups(pool: &PgPool, limit: i64) -> sqlx::Result<Vec<DeadGroup>> {
     storage::dead_groups(pool, crate::groups::GROUPS_READ_LIMIT, limit).await

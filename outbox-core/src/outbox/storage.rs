@@ -147,7 +147,7 @@ pub(crate) async fn dead(
         DeadEvent,
         r#"
         SELECT d.seq, d.id, d.aggregate_type, d.aggregate_id, d.event_type, d.attempts,
-            d.last_error, d.created_at, NULL::jsonb AS payload, d.traceparent,
+            d.last_error, d.error_class, d.created_at, NULL::jsonb AS payload, d.traceparent,
             (SELECT count(*) FROM (
                 SELECT FROM outbox w
                 WHERE w.aggregate_type = d.aggregate_type AND w.aggregate_id = d.aggregate_id
@@ -162,6 +162,7 @@ pub(crate) async fn dead(
           AND ($7::text IS NULL OR d.aggregate_id = $7)
           AND ($8::timestamptz IS NULL OR d.created_at >= $8)
           AND ($9::timestamptz IS NULL OR d.created_at < $9)
+          AND ($10::text IS NULL OR d.error_class = $10)
         ORDER BY d.seq
         LIMIT $2
         "#,
@@ -174,6 +175,7 @@ pub(crate) async fn dead(
         filter.aggregate_id,
         filter.since,
         filter.until,
+        filter.error_class,
     )
     .fetch_all(pool)
     .await
@@ -185,7 +187,7 @@ pub(crate) async fn dead_event(pool: &PgPool, id: Uuid) -> sqlx::Result<Option<D
         DeadEvent,
         r#"
         SELECT d.seq, d.id, d.aggregate_type, d.aggregate_id, d.event_type, d.attempts,
-            d.last_error, d.created_at, d.payload AS "payload?", d.traceparent,
+            d.last_error, d.error_class, d.created_at, d.payload AS "payload?", d.traceparent,
             (SELECT count(*) FROM (
                 SELECT FROM outbox w
                 WHERE w.aggregate_type = d.aggregate_type AND w.aggregate_id = d.aggregate_id
@@ -202,7 +204,8 @@ pub(crate) async fn dead_event(pool: &PgPool, id: Uuid) -> sqlx::Result<Option<D
     .await
 }
 
-/// Dead events grouped by event type and error, of the first `read` dead events.
+/// Dead events grouped by event type and error class (by error text where there is no class),
+/// of the first `read` dead events.
 pub(crate) async fn dead_groups(
     pool: &PgPool,
     read: i64,
@@ -211,11 +214,12 @@ pub(crate) async fn dead_groups(
     sqlx::query_as!(
         DeadGroup,
         r#"
-        SELECT event_type AS "event_type?", COALESCE(last_error, '') AS "error!",
+        SELECT event_type AS "event_type?", error_class,
+            COALESCE(max(last_error), '') AS "error!",
             count(*) AS "count!", min(created_at) AS "oldest!", max(created_at) AS "newest!"
-        FROM (SELECT event_type, last_error, created_at FROM outbox
+        FROM (SELECT event_type, error_class, last_error, created_at FROM outbox
               WHERE status = 'dead' LIMIT $1) d
-        GROUP BY event_type, last_error
+        GROUP BY event_type, error_class, CASE WHEN error_class IS NULL THEN last_error END
         ORDER BY count(*) DESC, min(created_at)
         LIMIT $2
         "#,
@@ -249,6 +253,7 @@ pub(crate) async fn resolve_dead(
           AND ($6::text IS NULL OR aggregate_id = $6)
           AND ($7::timestamptz IS NULL OR created_at >= $7)
           AND ($8::timestamptz IS NULL OR created_at < $8)
+          AND ($9::text IS NULL OR error_class = $9)
         "#,
         id,
         filter.aggregate_type,
@@ -258,6 +263,7 @@ pub(crate) async fn resolve_dead(
         filter.aggregate_id,
         filter.since,
         filter.until,
+        filter.error_class,
     )
     .execute(pool)
     .await?

@@ -234,7 +234,8 @@ impl<P: Publisher> Relay<P> {
                     event.id = %row.id, aggregate.id = %row.aggregate_id,
                     error = %error.chain(), "publish failed; retried, not counted"
                 );
-                pass.failed.push(row.seq, error.chain(), delay, false);
+                pass.failed
+                    .push(row.seq, (error.class(), error.chain()), delay, false);
                 if error.may_be_stored() {
                     pass.failed.maybe_stored();
                 }
@@ -247,7 +248,8 @@ impl<P: Publisher> Relay<P> {
                     event.id = %row.id, aggregate.id = %row.aggregate_id, attempts,
                     error = %error.chain(), "publish refused by the broker"
                 );
-                pass.failed.push(row.seq, error.chain(), delay, true);
+                pass.failed
+                    .push(row.seq, (error.class(), error.chain()), delay, true);
                 Settled::Refused
             }
         }

@@ -149,6 +149,8 @@ pub(crate) async fn claim(
 pub(crate) struct Failures {
     pub(crate) seqs: Vec<i64>,
     pub(crate) errors: Vec<String>,
+    /// Their kinds ([`crate::outbox::error_classes`]).
+    pub(crate) classes: Vec<&'static str>,
     /// Seconds until the next attempt.
     pub(crate) delays: Vec<f64>,
     /// Whether the failure counts toward `max_attempts` (the broker refused the message).
@@ -160,9 +162,16 @@ pub(crate) struct Failures {
 }
 
 impl Failures {
-    pub(crate) fn push(&mut self, seq: i64, error: String, delay: Duration, counted: bool) {
+    pub(crate) fn push(
+        &mut self,
+        seq: i64,
+        (class, error): (&'static str, String),
+        delay: Duration,
+        counted: bool,
+    ) {
         self.seqs.push(seq);
         self.errors.push(error);
+        self.classes.push(class);
         self.delays.push(delay.as_secs_f64());
         self.counted.push(counted);
         self.fatal.push(false);
@@ -178,7 +187,8 @@ impl Failures {
 
     /// A row that can never become a message, for `reason`.
     pub(crate) fn push_fatal(&mut self, seq: i64, reason: String) {
-        self.push(seq, reason, Duration::ZERO, true);
+        let class = crate::outbox::error_classes::UNPUBLISHABLE;
+        self.push(seq, (class, reason), Duration::ZERO, true);
         if let Some(fatal) = self.fatal.last_mut() {
             *fatal = true;
         }
@@ -248,14 +258,15 @@ pub(crate) async fn mark_failed(
         UPDATE outbox o
         SET attempts = o.attempts + f.counted::int,
             last_error = f.error,
+            error_class = f.class,
             next_attempt_at = clock_timestamp() + make_interval(secs => f.delay),
             status = CASE WHEN f.fatal OR (f.counted AND o.attempts + 1 >= $6) THEN 'dead'
                           ELSE 'pending' END,
             -- Until it is published, any earlier attempt may be the one the broker kept.
             maybe_published = o.maybe_published OR f.maybe_stored
         FROM unnest($1::bigint[], $2::text[], $3::float8[], $4::bool[], $5::bool[],
-                    $7::bool[])
-            AS f(seq, error, delay, counted, fatal, maybe_stored)
+                    $7::bool[], $8::text[])
+            AS f(seq, error, delay, counted, fatal, maybe_stored, class)
         WHERE o.seq = f.seq
         RETURNING CASE WHEN o.status = 'dead' THEN o.seq END AS "seq"
         "#,
@@ -266,6 +277,7 @@ pub(crate) async fn mark_failed(
         &failures.fatal,
         max_attempts,
         &failures.maybe_stored,
+        &failures.classes as &[&str],
     )
     .fetch_all(conn)
     .await
@@ -451,7 +463,12 @@ mod tests {
     async fn refuse(conn: &mut PgConnection, seqs: &[i64]) {
         let mut failures = Failures::default();
         for seq in seqs {
-            failures.push(*seq, "refused".into(), Duration::from_secs(60), true);
+            failures.push(
+                *seq,
+                ("not-accepted", "refused".into()),
+                Duration::from_secs(60),
+                true,
+            );
         }
         mark_failed(conn, &failures, 5).await.unwrap();
     }

@@ -335,7 +335,8 @@ const TOKEN = /^[A-Za-z0-9_:@-]{1,128}$/;
 // The longest error text a filter takes (the service refuses longer).
 const FILTER_TEXT_MAX = 500;
 
-// Dead items grouped by type and error; "Show" puts a group's values in the filters.
+// Dead items grouped by type and error class (by error text where there is no class); "Show"
+// puts a group's values in the filters, so that they take exactly that group.
 async function refreshGroups() {
   const box = document.getElementById("groups-box");
   const response = await fetch(`${config.dead}/groups`, {
@@ -355,7 +356,9 @@ async function refreshGroups() {
       if (keys.has("eventType") && group.eventType && TOKEN.test(group.eventType)) {
         document.getElementById("filter-eventType").value = group.eventType;
       }
-      if (keys.has("errorContains") && group.error) {
+      if (group.errorClass && keys.has("errorClass")) {
+        document.getElementById("filter-errorClass").value = group.errorClass;
+      } else if (keys.has("errorContains") && group.error) {
         document.getElementById("filter-errorContains").value = group.error.slice(0, FILTER_TEXT_MAX);
       }
       document.getElementById("filter-form").requestSubmit();
@@ -363,7 +366,11 @@ async function refreshGroups() {
     return el("tr", {}, [
       el("td", { textContent: group.count.toLocaleString() }),
       el("td", { textContent: group.eventType ?? "–" }),
-      el("td", { className: "error", textContent: group.error }),
+      el("td", { textContent: group.errorClass ?? "–" }),
+      el("td", {
+        className: "error",
+        textContent: group.errorClass ? `e.g. ${group.error}` : group.error,
+      }),
       el("td", { textContent: new Date(group.oldest).toLocaleString() }),
       el("td", { textContent: new Date(group.newest).toLocaleString() }),
       el("td", {}, [show]),
