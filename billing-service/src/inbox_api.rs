@@ -315,7 +315,7 @@ async fn replay_matching(
         described(&filter),
         outcome.not_applied
     );
-    audit::record(&state.pool, admin.name, "replay", &target, outcome.count).await;
+    audit::record(&state.pool, &admin.name, "replay", &target, outcome.count).await;
     Ok(Json(outcome))
 }
 
@@ -340,7 +340,7 @@ async fn skip_matching(
         params.until,
     )?;
     let count = state.rules.inbox().skip_dead_letters(&filter).await?;
-    audit::record(&state.pool, admin.name, "skip", &described(&filter), count).await;
+    audit::record(&state.pool, &admin.name, "skip", &described(&filter), count).await;
     Ok(Json(BulkOutcome::took(count)))
 }
 
@@ -398,7 +398,7 @@ async fn retry(
     let verdict = replay(&state, &letter).await?;
     let applied = u64::from(verdict == Verdict::Ack);
     let target = format!("dead letter {id}");
-    audit::record(&state.pool, admin.name, "replay", &target, applied).await;
+    audit::record(&state.pool, &admin.name, "replay", &target, applied).await;
     match verdict {
         Verdict::Ack => Ok(Json(ActionResult {
             id,
@@ -429,7 +429,7 @@ async fn skip(
         return Err(ApiError::not_found(format!("no open dead letter {id}")));
     }
     let target = format!("dead letter {id}");
-    audit::record(&state.pool, admin.name, "skip", &target, 1).await;
+    audit::record(&state.pool, &admin.name, "skip", &target, 1).await;
     Ok(Json(ActionResult {
         id,
         outcome: "skipped",

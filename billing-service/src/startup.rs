@@ -146,7 +146,8 @@ impl App {
             rules,
             health: base.health(),
             admin: AdminToken::new(common.admin_token.as_ref())
-                .with_read(common.read_token.as_ref()),
+                .with_read(common.read_token.as_ref())
+                .with_named(common.ops_tokens()),
             gauges: Arc::new(Cached::new(service_kit::metrics::GAUGE_INTERVAL)),
             lag,
             history: history.clone(),

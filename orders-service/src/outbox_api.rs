@@ -224,7 +224,14 @@ async fn retry_matching(
 ) -> Result<Json<BulkOutcome>, ApiError> {
     let filter = params.filter()?;
     let count = outbox::retry_dead_matching(&state.pool, &filter).await?;
-    audit::record(&state.pool, admin.name, "retry", &described(&filter), count).await;
+    audit::record(
+        &state.pool,
+        &admin.name,
+        "retry",
+        &described(&filter),
+        count,
+    )
+    .await;
     Ok(Json(BulkOutcome::took(count)))
 }
 
@@ -244,7 +251,7 @@ async fn skip_matching(
 ) -> Result<Json<BulkOutcome>, ApiError> {
     let filter = params.filter()?;
     let count = outbox::skip_dead_matching(&state.pool, &filter).await?;
-    audit::record(&state.pool, admin.name, "skip", &described(&filter), count).await;
+    audit::record(&state.pool, &admin.name, "skip", &described(&filter), count).await;
     Ok(Json(BulkOutcome::took(count)))
 }
 
@@ -302,7 +309,7 @@ async fn retry(
     if !outbox::retry_dead(&state.pool, id).await? {
         return Err(ApiError::not_found(format!("no dead event {id}")));
     }
-    audit::record(&state.pool, admin.name, "retry", &format!("event {id}"), 1).await;
+    audit::record(&state.pool, &admin.name, "retry", &format!("event {id}"), 1).await;
     Ok(Json(ActionResult {
         id,
         status: "pending",
@@ -327,7 +334,7 @@ async fn skip(
     if !outbox::skip_dead(&state.pool, id).await? {
         return Err(ApiError::not_found(format!("no dead event {id}")));
     }
-    audit::record(&state.pool, admin.name, "skip", &format!("event {id}"), 1).await;
+    audit::record(&state.pool, &admin.name, "skip", &format!("event {id}"), 1).await;
     Ok(Json(ActionResult {
         id,
         status: "skipped",

@@ -144,7 +144,8 @@ impl App {
             wakeup,
             health: base.health(),
             admin: AdminToken::new(config.common.admin_token.as_ref())
-                .with_read(config.common.read_token.as_ref()),
+                .with_read(config.common.read_token.as_ref())
+                .with_named(config.common.ops_tokens()),
             gauges: Arc::new(Cached::new(service_kit::metrics::GAUGE_INTERVAL)),
             history: history.clone(),
         };

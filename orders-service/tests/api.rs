@@ -632,3 +632,81 @@ async fn the_relay_publishes_while_requests_hold_every_connection_of_the_pool() 
     other.close().await;
     app.stop().await;
 }
+
+/// Each person's token of `OPS_TOKENS_FILE` acts, or only reads, under its name: the audit log
+/// says who acted, beside the admin token's actions.
+#[tokio::test]
+async fn a_named_token_acts_under_its_name_and_a_named_reader_cannot_act() {
+    let file = std::env::temp_dir().join(format!("orders-ops-tokens-{}", uuid::Uuid::new_v4()));
+    std::fs::write(
+        &file,
+        "# who  role   token\nada     admin  ada-0123456789abcdef\ngrafana read   gra-0123456789abcdef\n",
+    )
+    .unwrap();
+    let path = file.to_str().unwrap().to_owned();
+    let tokens = service_kit::ops_tokens::OpsTokens::read(&path).unwrap();
+    let app = TestApp::spawn_with(|config| {
+        config.common.admin_token = Some("s3cret".into());
+        config.common.ops_tokens_file = Some(service_kit::config::OpsTokensFile { path, tokens });
+        config.relay_enabled = false;
+    })
+    .await;
+    std::fs::remove_file(&file).unwrap();
+    for id in ["o1", "o2"] {
+        let body = json!({"id": id, "customer": "ada", "totalMinor": 5});
+        assert_eq!(
+            app.post("/orders", Some(body)).await.status(),
+            StatusCode::CREATED
+        );
+    }
+    let ids: Vec<uuid::Uuid> = sqlx::query_scalar(
+        "WITH dead AS (UPDATE outbox SET status = 'dead' RETURNING seq, id) \
+         SELECT id FROM dead ORDER BY seq",
+    )
+    .fetch_all(&app.pool)
+    .await
+    .unwrap();
+    let post = |path: String, token: &str| {
+        app.client
+            .post(format!("{}{path}", app.running.url))
+            .bearer_auth(token)
+            .send()
+    };
+    let refused = post(
+        format!("/outbox/dead/{}/skip", ids[0]),
+        "gra-0123456789abcdef",
+    )
+    .await
+    .unwrap();
+    problem(refused, 403, None).await;
+    let skipped = post(
+        format!("/outbox/dead/{}/skip", ids[0]),
+        "ada-0123456789abcdef",
+    )
+    .await
+    .unwrap();
+    assert_eq!(skipped.status(), StatusCode::OK);
+    let skipped = post(format!("/outbox/dead/{}/skip", ids[1]), "s3cret")
+        .await
+        .unwrap();
+    assert_eq!(skipped.status(), StatusCode::OK);
+
+    let audit: Value = app
+        .client
+        .get(format!("{}/ops/audit", app.running.url))
+        .bearer_auth("gra-0123456789abcdef")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let actors: Vec<&str> = audit["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|entry| entry["actor"].as_str().unwrap())
+        .collect();
+    assert_eq!(actors, ["admin", "ada"], "{audit}");
+    app.stop().await;
+}

@@ -1,5 +1,6 @@
-//! Admin endpoints: `Authorization: Bearer $ADMIN_TOKEN` to act (retry, skip, replay), or
-//! `$READ_TOKEN` to read only (the dead letters, the audit log); compared in constant time.
+//! Admin endpoints: `Authorization: Bearer $ADMIN_TOKEN` (or an admin token of
+//! `OPS_TOKENS_FILE`) to act (retry, skip, replay), or `$READ_TOKEN` (or a read token of the
+//! file) to read only (the dead letters, the audit log); compared in constant time.
 //!
 //! No token configured for what is asked → 403 (those endpoints are off); the read-only token
 //! given to an action → 403; a missing or wrong token → 401. Tokens are never logged.
@@ -12,51 +13,80 @@ use axum::http::request::Parts;
 use subtle::ConstantTimeEq as _;
 
 use crate::ApiError;
+use crate::ops_tokens::{OpsTokens, Role};
 use crate::problem::Problem;
 
-/// The configured tokens: the admin token, which acts and reads, and the read-only token.
+/// The configured tokens: the admin token, which acts and reads, the read-only token, and the
+/// named ones of `OPS_TOKENS_FILE` ([`crate::ops_tokens`]).
 #[derive(Clone, Default)]
 pub struct AdminToken {
-    admin: Option<Arc<str>>,
-    read: Option<Arc<str>>,
+    tokens: Arc<[Configured]>,
+}
+
+struct Configured {
+    name: Arc<str>,
+    role: Role,
+    token: Arc<str>,
 }
 
 impl AdminToken {
     /// Admin endpoints accept `token`; `None` turns the actions off.
     pub fn new(token: Option<&secrecy::SecretString>) -> Self {
-        Self {
-            admin: token.map(expose),
-            read: None,
-        }
+        Self::default().with(ADMIN, Role::Admin, token)
     }
 
     /// Reading endpoints accept `token` too.
     #[must_use]
-    pub fn with_read(mut self, token: Option<&secrecy::SecretString>) -> Self {
-        self.read = token.map(expose);
-        self
+    pub fn with_read(self, token: Option<&secrecy::SecretString>) -> Self {
+        self.with(READ_ONLY, Role::Read, token)
     }
 
-    /// The name of the configured token `parts` carries, if any.
-    fn caller(&self, parts: &Parts) -> Option<&'static str> {
+    /// The named tokens are accepted too, each for its role, under its name.
+    #[must_use]
+    pub fn with_named(self, named: &OpsTokens) -> Self {
+        named.0.iter().fold(self, |tokens, t| {
+            tokens.with(&t.name, t.role, Some(&t.token))
+        })
+    }
+
+    fn with(self, name: &str, role: Role, token: Option<&secrecy::SecretString>) -> Self {
+        let Some(token) = token else { return self };
+        let mut tokens: Vec<Configured> = self
+            .tokens
+            .iter()
+            .map(|c| Configured {
+                name: c.name.clone(),
+                role: c.role,
+                token: c.token.clone(),
+            })
+            .collect();
+        tokens.push(Configured {
+            name: Arc::from(name),
+            role,
+            token: expose(token),
+        });
+        Self {
+            tokens: tokens.into(),
+        }
+    }
+
+    fn has(&self, role: Role) -> bool {
+        self.tokens.iter().any(|c| c.role == role)
+    }
+
+    /// The name and role of the configured token `parts` carries, if any. Every token is
+    /// compared, in constant time, so that the time taken says nothing of which one matched.
+    fn caller(&self, parts: &Parts) -> Option<(Arc<str>, Role)> {
         let given = parts
             .headers
             .get(AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer "))
             .unwrap_or_default();
-        let matches = |token: &Option<Arc<str>>| {
-            token
-                .as_ref()
-                .is_some_and(|token| bool::from(given.as_bytes().ct_eq(token.as_bytes())))
-        };
-        if matches(&self.admin) {
-            Some(ADMIN)
-        } else if matches(&self.read) {
-            Some(READ_ONLY)
-        } else {
-            None
-        }
+        self.tokens.iter().fold(None, |found, c| {
+            let matches = bool::from(given.as_bytes().ct_eq(c.token.as_bytes()));
+            found.or(matches.then(|| (c.name.clone(), c.role)))
+        })
     }
 }
 
@@ -71,25 +101,22 @@ pub const READ_ONLY: &str = "read-only";
 
 impl std::fmt::Debug for AdminToken {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let state = |token: &Option<Arc<str>>| {
-            if token.is_some() {
-                "<redacted>"
-            } else {
-                "None"
-            }
-        };
+        let names: Vec<_> = self
+            .tokens
+            .iter()
+            .map(|c| format!("{} ({:?}): <redacted>", c.name, c.role))
+            .collect();
         f.debug_struct("AdminToken")
-            .field("admin", &state(&self.admin))
-            .field("read", &state(&self.read))
+            .field("tokens", &names)
             .finish()
     }
 }
 
-/// Proof that the request carried the admin token. Handlers that take it are admin-only.
-#[derive(Debug, Clone, Copy)]
+/// Proof that the request carried a token that may act. Handlers that take it are admin-only.
+#[derive(Debug, Clone)]
 pub struct Admin {
     /// The token's name, for the audit log.
-    pub name: &'static str,
+    pub name: Arc<str>,
 }
 
 impl<S> FromRequestParts<S> for Admin
@@ -101,15 +128,15 @@ where
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
         let tokens = AdminToken::from_ref(state);
-        if tokens.admin.is_none() {
+        if !tokens.has(Role::Admin) {
             return Err(ApiError::forbidden(
-                "admin endpoints are disabled: ADMIN_TOKEN is not set",
+                "admin endpoints are disabled: no ADMIN_TOKEN, and no admin in OPS_TOKENS_FILE",
             ));
         }
         match tokens.caller(parts) {
-            Some(ADMIN) => Ok(Admin { name: ADMIN }),
-            Some(_) => Err(ApiError::forbidden(
-                "the read-only token may read, not act: use the admin token",
+            Some((name, Role::Admin)) => Ok(Admin { name }),
+            Some((_, Role::Read)) => Err(ApiError::forbidden(
+                "a read-only token may read, not act: use an admin token",
             )),
             None => Err(ApiError::unauthorized(
                 "a valid admin bearer token is required",
@@ -119,10 +146,10 @@ where
 }
 
 /// Proof that the request carried a token that may read: the admin or the read-only one.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Reader {
     /// The token's name.
-    pub name: &'static str,
+    pub name: Arc<str>,
 }
 
 impl<S> FromRequestParts<S> for Reader
@@ -134,14 +161,14 @@ where
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
         let tokens = AdminToken::from_ref(state);
-        if tokens.admin.is_none() && tokens.read.is_none() {
+        if tokens.tokens.is_empty() {
             return Err(ApiError::forbidden(
-                "admin endpoints are disabled: neither ADMIN_TOKEN nor READ_TOKEN is set",
+                "admin endpoints are disabled: no ADMIN_TOKEN, READ_TOKEN or OPS_TOKENS_FILE",
             ));
         }
         tokens
             .caller(parts)
-            .map(|name| Reader { name })
+            .map(|(name, _)| Reader { name })
             .ok_or_else(|| {
                 ApiError::unauthorized("a valid admin or read-only bearer token is required")
             })
@@ -158,7 +185,8 @@ impl utoipa::Modify for AdminSecurity {
         let scheme = HttpBuilder::new()
             .scheme(HttpAuthScheme::Bearer)
             .description(Some(
-                "The service's ADMIN_TOKEN; READ_TOKEN for the endpoints that only read",
+                "The service's ADMIN_TOKEN or an admin token of OPS_TOKENS_FILE; READ_TOKEN or a \
+                 read token of the file for the endpoints that only read",
             ))
             .build();
         openapi

@@ -8,6 +8,8 @@ use std::time::Duration;
 use clap::builder::TypedValueParser as _;
 use secrecy::{ExposeSecret, SecretString};
 
+use crate::ops_tokens::OpsTokens;
+
 /// A variable that is set but unusable, or settings that do not fit together.
 #[derive(Debug, thiserror::Error)]
 #[error("invalid value for {name}: {reason}")]
@@ -48,6 +50,27 @@ pub fn nats_name(value: &str) -> Result<String, String> {
 /// A secret: kept out of debug output and of `--help`.
 fn secret() -> impl clap::builder::TypedValueParser<Value = SecretString> {
     clap::builder::StringValueParser::new().map(SecretString::from)
+}
+
+/// `OPS_TOKENS_FILE`: its path, and the tokens read from it at start-up.
+#[derive(Debug, Clone)]
+pub struct OpsTokensFile {
+    /// Where it was read from.
+    pub path: String,
+    /// What it holds.
+    pub tokens: OpsTokens,
+}
+
+fn ops_tokens_file() -> impl clap::builder::TypedValueParser<Value = OpsTokensFile> {
+    clap::builder::StringValueParser::new().try_map(|path| {
+        // Empty, it is unset ([`Common::without_empty`]).
+        let tokens = if path.is_empty() {
+            OpsTokens::default()
+        } else {
+            OpsTokens::read(&path)?
+        };
+        Ok::<_, String>(OpsTokensFile { path, tokens })
+    })
 }
 
 /// How log lines are written.
@@ -143,6 +166,12 @@ pub struct Common {
     #[arg(long, env = "READ_TOKEN", value_parser = secret(), hide_env_values = true,
           help_heading = "HTTP")]
     pub read_token: Option<SecretString>,
+    /// A file of named tokens, one per person or script, so that the audit log says who acted:
+    /// a line `<name> <admin|read> <token>` each (tokens of 16 characters or more), `#` for
+    /// comments. Read at start-up; besides ADMIN_TOKEN and READ_TOKEN, which may stay unset.
+    #[arg(long, env = "OPS_TOKENS_FILE", value_parser = ops_tokens_file(),
+          help_heading = "HTTP")]
+    pub ops_tokens_file: Option<OpsTokensFile>,
     /// A request still running after this many milliseconds is answered 503.
     #[arg(long = "http-timeout-ms", env = "HTTP_TIMEOUT_MS", default_value = "10000",
           value_parser = millis(), help_heading = "HTTP")]
@@ -209,6 +238,14 @@ pub fn with_defaults(
 }
 
 impl Common {
+    /// The named tokens of `OPS_TOKENS_FILE`; none when it is unset.
+    pub fn ops_tokens(&self) -> &OpsTokens {
+        static NONE: OpsTokens = OpsTokens(Vec::new());
+        self.ops_tokens_file
+            .as_ref()
+            .map_or(&NONE, |file| &file.tokens)
+    }
+
     /// The settings with every optional one set to an empty value taken as unset, as a
     /// compose file's `VAR: ${VAR:-}` sets it (clap takes an empty variable as a value).
     #[must_use]
@@ -225,6 +262,13 @@ impl Common {
             if empty(value) {
                 *value = None;
             }
+        }
+        if self
+            .ops_tokens_file
+            .as_ref()
+            .is_some_and(|file| file.path.is_empty())
+        {
+            self.ops_tokens_file = None;
         }
         for secret in [
             &mut self.admin_token,
@@ -255,6 +299,18 @@ impl Common {
                     == self.admin_token.as_ref().map(ExposeSecret::expose_secret)),
             "must differ from ADMIN_TOKEN, or a reader could act",
         )?;
+        if let Some(file) = &self.ops_tokens_file {
+            let shared = [&self.admin_token, &self.read_token]
+                .into_iter()
+                .flatten()
+                .any(|token| file.tokens.holds(token.expose_secret()));
+            ensure(
+                "OPS_TOKENS_FILE",
+                !shared,
+                "a token of the file is ADMIN_TOKEN's or READ_TOKEN's: the audit log could not \
+                 tell who acted",
+            )?;
+        }
         ensure(
             "HTTP_TIMEOUT_MS",
             !self.http_timeout.is_zero(),
@@ -448,6 +504,42 @@ mod tests {
         );
         let error = parse(&["--nats-stream", "a.b"]).unwrap_err();
         assert!(error.to_string().contains("NATS_STREAM"), "{error}");
+    }
+
+    #[test]
+    fn a_tokens_file_is_read_at_start_up_naming_its_variable() {
+        let path = std::env::temp_dir().join(format!("ops-tokens-{}", std::process::id()));
+        let path_text = path.to_str().unwrap();
+        std::fs::write(&path, "ada admin ada-0123456789abcdef\n").unwrap();
+        let common = parse(&["--ops-tokens-file", path_text]).unwrap();
+        assert_eq!(common.ops_tokens().0[0].name, "ada");
+        common.check().unwrap();
+        // Ada's token given as ADMIN_TOKEN too: the audit log could not tell who acted.
+        let shared = parse(&[
+            "--ops-tokens-file",
+            path_text,
+            "--admin-token",
+            "ada-0123456789abcdef",
+        ])
+        .unwrap();
+        assert_eq!(shared.check().unwrap_err().name, "OPS_TOKENS_FILE");
+
+        std::fs::write(&path, "ada owner ada-0123456789abcdef\n").unwrap();
+        let error = parse(&["--ops-tokens-file", path_text])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("OPS_TOKENS_FILE") && error.contains("line 1: the role"),
+            "{error}"
+        );
+        assert!(!error.contains("0123456789abcdef"), "{error}");
+        std::fs::remove_file(&path).unwrap();
+        let error = parse(&["--ops-tokens-file", path_text])
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("OPS_TOKENS_FILE"), "{error}");
+        let unset = parse(&["--ops-tokens-file", ""]).unwrap().without_empty();
+        assert!(unset.ops_tokens_file.is_none());
     }
 
     #[test]

@@ -12,6 +12,7 @@
 //! - [`history`]: the last hour of the service's metrics, for the console's charts;
 //! - [`infra`]: database creation and connection, NATS connection, stream set-up;
 //! - [`metrics`]: the Prometheus recorder and per-route HTTP metrics;
+//! - [`ops_tokens`]: named operator tokens, one per person, from `OPS_TOKENS_FILE`;
 //! - [`ops`]: the `/ops` page (live counts, dead letters with their admin actions);
 //! - [`pagination`]: opaque cursors for newest-first lists;
 //! - [`reuse`]: connections handed from one request to the next, around sqlx's check on return;
@@ -28,6 +29,7 @@ pub mod http;
 pub mod infra;
 pub mod metrics;
 pub mod ops;
+pub mod ops_tokens;
 pub mod pagination;
 pub mod problem;
 pub mod reuse;
