@@ -8,9 +8,12 @@ use axum::middleware::Next;
 use axum::response::Response;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
-/// Seconds: from 1 ms to 10 s.
+/// Seconds: from 1 ms to an hour. The long ones are for outages: an event that waited out a
+/// broker outage is still placed, and the console's charts and Prometheus' quantiles show how
+/// long, rather than stopping at the largest bucket.
 const LATENCY_BUCKETS: &[f64] = &[
-    0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0,
+    0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 300.0,
+    900.0, 3600.0,
 ];
 /// Rows per relay pass.
 const BATCH_BUCKETS: &[f64] = &[1.0, 5.0, 10.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 5000.0];
@@ -113,3 +116,19 @@ impl<T: Clone> Cached<T> {
 
 /// How often the gauges `/metrics` reads from the database are computed at most.
 pub const GAUGE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
+
+#[cfg(test)]
+mod tests {
+    /// An event that waited out a two-minute broker outage is counted below five minutes, not
+    /// only past the largest bucket, so that its wait can be read from the histogram.
+    #[test]
+    fn a_wait_of_minutes_has_a_bucket_of_its_own() {
+        let handle = super::handle();
+        metrics::histogram!("test_outage_wait_seconds").record(120.0);
+        let text = handle.render();
+        for (bound, count) in [("60", 0), ("300", 1)] {
+            let line = format!("test_outage_wait_seconds_bucket{{le=\"{bound}\"}} {count}");
+            assert!(text.contains(&line), "no {line:?} in:\n{text}");
+        }
+    }
+}
