@@ -588,6 +588,13 @@ pub async fn run_growth(options: &Options) -> anyhow::Result<PathBuf> {
     Ok(dir)
 }
 
+/// Runs the operator views alone (10 pending events, then the backlog); their lines are
+/// printed as they are timed.
+pub async fn run_views(options: &Options) -> anyhow::Result<()> {
+    crate::process::binary("orders-service");
+    operator_views(options.views_backlog).await.map(drop)
+}
+
 /// The operator views with 10 pending events, then with `backlog`.
 async fn operator_views(backlog: i64) -> anyhow::Result<Vec<views::Views>> {
     let mut views = Vec::new();

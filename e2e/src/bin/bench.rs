@@ -48,6 +48,8 @@ enum Only {
     Billing,
     /// Raw publishing and the drain with the broker syncing every write, and not.
     Sync,
+    /// The operator views, with a few pending events and with a backlog.
+    Views,
 }
 
 #[tokio::main]
@@ -83,6 +85,7 @@ async fn main() -> anyhow::Result<()> {
         Some(Only::MaxRate) => bench::run_max_rate(&options).await?,
         Some(Only::Billing) => bench::run_billing(&options).await?,
         Some(Only::Sync) => bench::run_sync(&options).await?,
+        Some(Only::Views) => bench::run_views(&options).await?,
         // Boxed: the whole run's state is too big for the stack of main's future.
         None => drop(Box::pin(bench::run(&options)).await?),
     }
