@@ -156,12 +156,12 @@ async fn orders_ops_page_retries_a_dead_event() {
     .await;
     let event_id = dead[0]["id"].as_str().unwrap().to_owned();
     let other_id = dead[1]["id"].as_str().unwrap().to_owned();
-    // The broker refused both: one class of error, whatever its words name.
-    assert_eq!(dead[1]["errorClass"], "not-accepted", "{dead:?}");
+    // The stream refused both for their size: one class of error, whatever its words name.
+    assert_eq!(dead[1]["errorClass"], "too-large", "{dead:?}");
     let bulk = Bulk {
         action: "retry",
         key: "errorClass",
-        value: "not-accepted".to_owned(),
+        value: "too-large".to_owned(),
     };
 
     service_kit::infra::ensure_stream(&js, &common, &service_kit::infra::Refusals::default())

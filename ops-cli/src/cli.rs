@@ -109,7 +109,7 @@ pub(crate) struct Filters {
     /// Only those whose error contains this text.
     #[arg(long)]
     pub(crate) error_contains: Option<String>,
-    /// Only those whose error is of this class (as not-accepted or invalid-payload: `groups`
+    /// Only those whose error is of this class (as too-large or invalid-payload: `groups`
     /// names them).
     #[arg(long)]
     pub(crate) error_class: Option<String>,

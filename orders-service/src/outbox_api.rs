@@ -100,7 +100,7 @@ struct DeadFilterParams {
     /// Only events whose last error contains this text (1-500 characters, no NUL).
     #[param(min_length = 1, max_length = 500, pattern = r"^[^\x00]+$")]
     error_contains: Option<String>,
-    /// Only events whose last error is of this class (as `not-accepted`: the groups name them).
+    /// Only events whose last error is of this class (as `too-large`: the groups name them).
     #[param(min_length = 1, max_length = 500, pattern = r"^[^\x00]+$")]
     error_class: Option<String>,
     /// Only events of this aggregate.
@@ -149,7 +149,7 @@ struct DeadListParams {
     /// Only events whose last error contains this text (1-500 characters, no NUL).
     #[param(min_length = 1, max_length = 500, pattern = r"^[^\x00]+$")]
     error_contains: Option<String>,
-    /// Only events whose last error is of this class (as `not-accepted`: the groups name them).
+    /// Only events whose last error is of this class (as `too-large`: the groups name them).
     #[param(min_length = 1, max_length = 500, pattern = r"^[^\x00]+$")]
     error_class: Option<String>,
     /// Only events of this aggregate.

@@ -148,6 +148,7 @@ impl PublishError {
     pub fn class(&self) -> &'static str {
         use crate::outbox::error_classes as class;
         match self {
+            Self::NotAccepted(source) if is_too_large(source.as_ref()) => class::TOO_LARGE,
             Self::NotAccepted(_) => class::NOT_ACCEPTED,
             Self::NoAck(_) => class::NO_ACK,
             Self::Unreachable(_) => class::UNREACHABLE,
@@ -160,6 +161,19 @@ impl PublishError {
     pub fn chain(&self) -> String {
         chain(self)
     }
+}
+
+/// Whether the broker refused a message for its size: over the server's max payload (the
+/// client does not send it), or over the stream's maximum message size (JetStream's 10054).
+fn is_too_large(error: &(dyn StdError + Send + Sync + 'static)) -> bool {
+    use async_nats::jetstream::context::{PublishError as Refusal, PublishErrorKind};
+    let Some(refusal) = error.downcast_ref::<Refusal>() else {
+        return false;
+    };
+    matches!(refusal.kind(), PublishErrorKind::MaxPayloadExceeded)
+        || StdError::source(refusal)
+            .and_then(|source| source.downcast_ref::<async_nats::jetstream::Error>())
+            .is_some_and(|answer| answer.error_code().0 == 10054)
 }
 
 /// `error` and its causes on one line, outermost first; a cause that an error's own text

@@ -418,7 +418,7 @@ async fn bulk_actions_take_the_dead_events_their_filter_matches(pool: PgPool) {
         .unwrap();
     assert_eq!(
         o2.error_class.as_deref(),
-        Some(outbox::error_classes::NOT_ACCEPTED)
+        Some(outbox::error_classes::TOO_LARGE)
     );
     // The broker's words, without the parts that name the event.
     let refused_by_stream = DeadFilter::all().error_contains(&refusal[refusal.len() - 20..]);

@@ -156,7 +156,11 @@ pub struct DeadEvent {
 pub mod error_classes {
     /// The row can never become a message (a name that is not a subject token): dead at once.
     pub const UNPUBLISHABLE: &str = "unpublishable";
-    /// The broker refused the message ([`crate::PublishError::NotAccepted`]).
+    /// The broker refused the message for its size: over the server's max payload or the
+    /// stream's maximum message size.
+    pub const TOO_LARGE: &str = "too-large";
+    /// The broker refused the message otherwise ([`crate::PublishError::NotAccepted`]): the
+    /// stream rejected it.
     pub const NOT_ACCEPTED: &str = "not-accepted";
     /// No acknowledgement came ([`crate::PublishError::NoAck`]).
     pub const NO_ACK: &str = "no-ack";
