@@ -197,6 +197,60 @@ async fn drained(sources: &Sources<'_>) -> bool {
         if invoices == orders && paid_invoices == paid)
 }
 
+type Ordered = async_nats::jetstream::consumer::pull::Ordered;
+
+/// An ordered consumer of `stream`'s headers from `sequence` on.
+async fn ordered_from(stream: &async_nats::jetstream::stream::Stream, sequence: u64) -> Ordered {
+    use async_nats::jetstream::consumer::{DeliverPolicy, pull::OrderedConfig};
+    stream
+        .create_consumer(OrderedConfig {
+            headers_only: true,
+            deliver_policy: DeliverPolicy::ByStartSequence {
+                start_sequence: sequence,
+            },
+            ..Default::default()
+        })
+        .await
+        .expect("ordered consumer")
+        .messages()
+        .await
+        .expect("messages")
+}
+
+/// The stream's message after `read`. A consumer that goes quiet on a loaded machine, or keeps
+/// failing (errors, such as missed heartbeats, are the ordered consumer's to recover from), is
+/// made again where it stopped, twice at most: it is the checker's reader, not the system
+/// under test.
+async fn next_message(
+    stream: &async_nats::jetstream::stream::Stream,
+    messages: &mut Ordered,
+    read: u64,
+    last: u64,
+) -> async_nats::jetstream::Message {
+    let (mut quiet, mut errors) = (0, 0);
+    loop {
+        let again = match tokio::time::timeout(Duration::from_secs(30), messages.next()).await {
+            Ok(Some(Ok(message))) => return message,
+            Ok(None) => panic!("the stream's messages ended early"),
+            Ok(Some(Err(_))) => {
+                errors += 1;
+                errors % 10 == 0
+            }
+            Err(_) => true,
+        };
+        if again {
+            quiet += 1;
+            let now = stream.get_info().await.map(|info| info.state);
+            assert!(
+                quiet < 3,
+                "no message of the stream, {quiet} times, after {read} (of {last}): {now:?}"
+            );
+            eprintln!("checker: no message after {read} (of {last}); reading again: {now:?}");
+            *messages = ordered_from(stream, read + 1).await;
+        }
+    }
+}
+
 /// Per-order event order on the stream, `ce-id`s stored twice within the stream's duplicate
 /// window, and events of unknown orders.
 async fn check_stream(
@@ -219,50 +273,10 @@ async fn check_stream(
     let mut duplicates = 0;
     // An ordered consumer reads the stream from its start, headers only: a request per
     // message took minutes for the backlog of a long outage.
-    let read_from = |sequence: u64| {
-        let stream = &stream;
-        async move {
-            stream
-                .create_consumer(async_nats::jetstream::consumer::pull::OrderedConfig {
-                    headers_only: true,
-                    deliver_policy:
-                        async_nats::jetstream::consumer::DeliverPolicy::ByStartSequence {
-                            start_sequence: sequence,
-                        },
-                    ..Default::default()
-                })
-                .await
-                .expect("ordered consumer")
-                .messages()
-                .await
-                .expect("messages")
-        }
-    };
-    let mut messages = read_from(1).await;
-    // A consumer that goes quiet on a loaded machine is made again where it stopped, a few times:
-    // it is the checker's reader, not the system under test.
-    let mut quiet = 0;
+    let mut messages = ordered_from(&stream, 1).await;
     let mut read = 0;
     while read < last {
-        let Ok(next) = tokio::time::timeout(Duration::from_secs(30), messages.next()).await else {
-            let now = stream.get_info().await.map(|info| info.state);
-            quiet += 1;
-            assert!(
-                quiet < 3,
-                "no message of the stream within 30 s, {quiet} times, after {read} (of {last}): {now:?}"
-            );
-            eprintln!(
-                "checker: no message within 30 s after {read} (of {last}); reading again: {now:?}"
-            );
-            messages = read_from(read + 1).await;
-            continue;
-        };
-        // An error (a missed heartbeat) is the ordered consumer's to recover from.
-        let Some(Ok(message)) = next else {
-            assert!(next.is_some(), "the stream's messages ended early");
-            continue;
-        };
-        quiet = 0;
+        let message = next_message(&stream, &mut messages, read, last).await;
         let info = message.info().expect("JetStream message");
         read = info.stream_sequence;
         if info.pending == 0 {

@@ -78,18 +78,20 @@ impl OpsTokens {
                 "read" => Role::Read,
                 _ => return Err(at("the role is `admin` or `read`")),
             };
-            if token.len() < MIN_TOKEN_LEN {
+            // No value of the line is quoted from here on: with its columns swapped, the name
+            // would be the token.
+            if token.len() < MIN_TOKEN_LEN || !token.bytes().all(|b| b.is_ascii_graphic()) {
                 return Err(at(&format!(
-                    "{name}'s token is shorter than {MIN_TOKEN_LEN} characters"
+                    "a token is {MIN_TOKEN_LEN} or more visible ASCII characters"
                 )));
             }
             if !names.insert(name.to_owned()) {
-                return Err(at(&format!("{name} appears twice")));
+                return Err(at("this name is on an earlier line"));
             }
             if !secrets.insert(token.to_owned()) {
-                return Err(at(&format!(
-                    "{name}'s token is another line's: the audit log could not tell them apart"
-                )));
+                return Err(at(
+                    "this token is an earlier line's: the audit log could not tell them apart",
+                ));
             }
             tokens.push(NamedToken {
                 name: name.to_owned(),
@@ -148,16 +150,19 @@ mod tests {
             ),
             (
                 "ada admin tiny1".to_owned(),
-                "line 1: ada's token is shorter",
+                "line 1: a token is 16 or more",
             ),
+            (format!("ada admin {ADA}é"), "line 1: a token is 16 or more"),
             (
                 format!("ada admin {ADA}\nada read {BOT}"),
-                "line 2: ada appears twice",
+                "line 2: this name is on",
             ),
             (
                 format!("ada admin {ADA}\nbot read {ADA}"),
-                "line 2: bot's token is another",
+                "line 2: this token is an earlier",
             ),
+            // Columns swapped: the token would be the name, and is not quoted.
+            (format!("{ADA} admin ada"), "line 1: a token is 16 or more"),
         ] {
             let error = OpsTokens::parse(&text).unwrap_err();
             assert!(error.starts_with(expected), "{text:?}: {error}");

@@ -272,10 +272,11 @@ impl<'a> NewDeadLetter<'a> {
         }
     }
 
-    /// The same letter, its error of kind `class` ([`NewDeadLetter::error_class`]).
+    /// The same letter, its error of kind `class` ([`NewDeadLetter::error_class`]); an empty
+    /// `class` is none.
     #[must_use]
     pub fn with_error_class(mut self, class: &'a str) -> Self {
-        self.error_class = Some(class);
+        self.error_class = Some(class).filter(|class| !class.is_empty());
         self
     }
 }

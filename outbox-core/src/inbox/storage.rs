@@ -238,6 +238,7 @@ pub(crate) async fn insert_dead(
     let subject_bytes = matches!(subject, Cow::Owned(_)).then_some(letter.subject.as_bytes());
     let message_id = letter.message_id.map(storable);
     let error = storable(letter.error);
+    let error_class = letter.error_class.map(storable);
     let row = sqlx::query!(
         r#"
         WITH open_copy AS (
@@ -271,7 +272,7 @@ pub(crate) async fn insert_dead(
         &*error,
         letter.deliveries,
         once,
-        letter.error_class,
+        error_class.as_deref(),
     )
     .fetch_optional(pool)
     .await?;
