@@ -81,7 +81,8 @@ async fn opsctl_lists_shows_and_acts_on_dead_events() {
     }
     let ids: Vec<uuid::Uuid> = sqlx::query_scalar(
         "UPDATE outbox SET status = 'dead', attempts = 10, last_error = CASE \
-         WHEN aggregate_id = 'o1' THEN 'boom' ELSE 'message size exceeds maximum' END \
+         WHEN aggregate_id = 'o1' THEN 'boom' ELSE 'message size exceeds maximum' END, \
+         error_class = CASE WHEN aggregate_id = 'o1' THEN NULL ELSE 'too-large' END \
          RETURNING id",
     )
     .fetch_all(&orders.pool)
@@ -116,10 +117,15 @@ async fn opsctl_lists_shows_and_acts_on_dead_events() {
     let retried = stdout(&opsctl(&orders.url, ADMIN, &["retry", &first]).await);
     assert!(retried.contains("status: pending"), "{retried}");
 
-    let skip_all = ["skip-all", "--error-contains", "size"];
+    let listed = stdout(&opsctl(&orders.url, READ, &["list", "--error-class", "too-large"]).await);
+    assert!(
+        listed.contains(&second) && !listed.contains(&first),
+        "{listed}"
+    );
+    let skip_all = ["skip-all", "--error-class", "too-large"];
     let asked = stderr(&opsctl(&orders.url, ADMIN, &skip_all).await);
     assert!(
-        asked.contains("1 dead event(s) matching errorContains=size") && asked.contains("--yes"),
+        asked.contains("1 dead event(s) matching errorClass=too-large") && asked.contains("--yes"),
         "{asked}"
     );
     let skipped = stdout(&opsctl(&orders.url, ADMIN, &[&skip_all[..], &["--yes"]].concat()).await);
@@ -129,7 +135,7 @@ async fn opsctl_lists_shows_and_acts_on_dead_events() {
     let lines: Vec<&str> = audit.lines().collect();
     assert_eq!(lines.len(), 3, "a heading and two actions:\n{audit}");
     assert!(
-        lines[1].contains("skip") && lines[1].contains("errorContains=size"),
+        lines[1].contains("skip") && lines[1].contains("errorClass=too-large"),
         "{audit}"
     );
     assert!(
