@@ -199,55 +199,122 @@ async fn drained(sources: &Sources<'_>) -> bool {
 
 type Ordered = async_nats::jetstream::consumer::pull::Ordered;
 
-/// An ordered consumer of `stream`'s headers from `sequence` on.
-async fn ordered_from(stream: &async_nats::jetstream::stream::Stream, sequence: u64) -> Ordered {
-    use async_nats::jetstream::consumer::{DeliverPolicy, pull::OrderedConfig};
-    stream
-        .create_consumer(OrderedConfig {
-            headers_only: true,
-            deliver_policy: DeliverPolicy::ByStartSequence {
-                start_sequence: sequence,
-            },
-            ..Default::default()
-        })
-        .await
-        .expect("ordered consumer")
-        .messages()
-        .await
-        .expect("messages")
+/// One message of the stream, as the checker reads it.
+struct Entry {
+    sequence: u64,
+    /// When the stream stored it, in nanoseconds.
+    stored: i128,
+    headers: async_nats::HeaderMap,
 }
 
-/// The stream's message after `read`. A consumer that goes quiet on a loaded machine, or keeps
-/// failing (errors, such as missed heartbeats, are the ordered consumer's to recover from), is
-/// made again where it stopped, twice at most: it is the checker's reader, not the system
-/// under test.
-async fn next_message(
-    stream: &async_nats::jetstream::stream::Stream,
-    messages: &mut Ordered,
+/// Reads a stream from its start, headers only, with an ordered consumer: a request per message
+/// took minutes for the backlog of a long outage. When the consumer goes quiet for 30 s, or keeps
+/// failing (errors, such as missed heartbeats, are the ordered consumer's to recover from), the
+/// rest is read a message at a time by sequence: twice in rehearsals on a loaded machine, an
+/// ordered consumer of a complete stream delivered nothing. It is the checker's reader, not the
+/// system under test, and either way every message is read once.
+struct StreamReader<'a> {
+    stream: &'a async_nats::jetstream::stream::Stream,
+    ordered: Option<Ordered>,
     read: u64,
     last: u64,
-) -> async_nats::jetstream::Message {
-    let (mut quiet, mut errors) = (0, 0);
-    loop {
-        let again = match tokio::time::timeout(Duration::from_secs(30), messages.next()).await {
-            Ok(Some(Ok(message))) => return message,
-            Ok(None) => panic!("the stream's messages ended early"),
-            Ok(Some(Err(_))) => {
-                errors += 1;
-                errors % 10 == 0
-            }
-            Err(_) => true,
-        };
-        if again {
-            quiet += 1;
-            let now = stream.get_info().await.map(|info| info.state);
-            assert!(
-                quiet < 3,
-                "no message of the stream, {quiet} times, after {read} (of {last}): {now:?}"
-            );
-            eprintln!("checker: no message after {read} (of {last}); reading again: {now:?}");
-            *messages = ordered_from(stream, read + 1).await;
+}
+
+impl<'a> StreamReader<'a> {
+    async fn new(stream: &'a async_nats::jetstream::stream::Stream, last: u64) -> Self {
+        use async_nats::jetstream::consumer::pull::OrderedConfig;
+        let ordered = stream
+            .create_consumer(OrderedConfig {
+                headers_only: true,
+                ..Default::default()
+            })
+            .await
+            .expect("ordered consumer")
+            .messages()
+            .await
+            .expect("messages");
+        Self {
+            stream,
+            ordered: Some(ordered),
+            read: 0,
+            last,
         }
+    }
+
+    /// The next message up to the stream's last one when the reader began; `None` after it.
+    async fn next(&mut self) -> Option<Entry> {
+        while self.read < self.last {
+            let (entry, newest) = match self.ordered.as_mut() {
+                Some(ordered) => {
+                    if let Some(entry) = Self::next_ordered(ordered).await {
+                        entry
+                    } else {
+                        let now = self.stream.get_info().await.map(|info| info.state);
+                        eprintln!(
+                            "checker: the ordered consumer is quiet after {} (of {}); reading \
+                             by sequence: {now:?}",
+                            self.read, self.last
+                        );
+                        self.ordered = None;
+                        continue;
+                    }
+                }
+                // Nothing left: the stream removed the rest.
+                None => self.next_by_sequence().await?,
+            };
+            // The stream's newest message: any after `last` came since.
+            self.read = if newest {
+                entry.sequence.max(self.last)
+            } else {
+                entry.sequence
+            };
+            return Some(entry);
+        }
+        None
+    }
+
+    /// The ordered consumer's next message and whether it is the newest; `None` when it is quiet
+    /// or keeps failing.
+    async fn next_ordered(ordered: &mut Ordered) -> Option<(Entry, bool)> {
+        let mut errors = 0;
+        loop {
+            match tokio::time::timeout(Duration::from_secs(30), ordered.next()).await {
+                Ok(Some(Ok(message))) => {
+                    let info = message.info().expect("JetStream message");
+                    let entry = Entry {
+                        sequence: info.stream_sequence,
+                        stored: info.published.unix_timestamp_nanos(),
+                        headers: message.headers.clone().unwrap_or_default(),
+                    };
+                    return Some((entry, info.pending == 0));
+                }
+                Ok(None) => panic!("the stream's messages ended early"),
+                Ok(Some(Err(_))) if errors < 10 => errors += 1,
+                Ok(Some(Err(_))) | Err(_) => return None,
+            }
+        }
+    }
+
+    /// The message after `read` asked for by sequence (a sequence the stream removed is passed);
+    /// `None` when none is left.
+    async fn next_by_sequence(&self) -> Option<(Entry, bool)> {
+        for sequence in self.read + 1..=self.last {
+            match self.stream.get_raw_message(sequence).await {
+                Ok(message) => {
+                    let entry = Entry {
+                        sequence,
+                        stored: message.time.unix_timestamp_nanos(),
+                        headers: message.headers,
+                    };
+                    return Some((entry, sequence == self.last));
+                }
+                Err(error)
+                    if error.kind()
+                        == async_nats::jetstream::stream::LastRawMessageErrorKind::NoMessageFound => {}
+                Err(error) => panic!("message {sequence} of the stream: {error}"),
+            }
+        }
+        None
     }
 }
 
@@ -271,20 +338,11 @@ async fn check_stream(
     let mut seen: HashMap<String, i128> = HashMap::new();
     let mut events: HashMap<String, Vec<String>> = HashMap::new();
     let mut duplicates = 0;
-    // An ordered consumer reads the stream from its start, headers only: a request per
-    // message took minutes for the backlog of a long outage.
-    let mut messages = ordered_from(&stream, 1).await;
-    let mut read = 0;
-    while read < last {
-        let message = next_message(&stream, &mut messages, read, last).await;
-        let info = message.info().expect("JetStream message");
-        read = info.stream_sequence;
-        if info.pending == 0 {
-            // The stream's newest message: any after `last` came since.
-            read = read.max(last);
-        }
-        let stored = info.published.unix_timestamp_nanos();
-        let headers = message.headers.clone().unwrap_or_default();
+    let mut reader = StreamReader::new(&stream, last).await;
+    while let Some(Entry {
+        stored, headers, ..
+    }) = reader.next().await
+    {
         let header = |name: &str| {
             headers
                 .get(name)
@@ -317,4 +375,57 @@ async fn check_stream(
         .filter(|id| !accepted.contains_key(*id))
         .count();
     (violations, duplicates, strangers)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Both ways of reading give every message once, in order, with its headers, passing a
+    /// sequence the stream removed.
+    #[tokio::test]
+    async fn the_ordered_consumer_and_reads_by_sequence_see_the_same_messages() {
+        let client = async_nats::connect(service_kit::testing::nats_url())
+            .await
+            .unwrap();
+        let js = async_nats::jetstream::new(client);
+        let name = service_kit::testing::unique("checker");
+        let stream = js
+            .create_stream(async_nats::jetstream::stream::Config {
+                name: name.clone(),
+                subjects: vec![format!("{name}.>")],
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        for i in 1..=5 {
+            let mut headers = async_nats::HeaderMap::new();
+            headers.insert(headers::ID, i.to_string().as_str());
+            js.publish_with_headers(format!("{name}.x"), headers, "{}".into())
+                .await
+                .unwrap()
+                .await
+                .unwrap();
+        }
+        stream.delete_message(3).await.unwrap();
+        let read = |by_sequence: bool| {
+            let stream = &stream;
+            async move {
+                let mut reader = StreamReader::new(stream, 5).await;
+                if by_sequence {
+                    reader.ordered = None;
+                }
+                let mut seen = Vec::new();
+                while let Some(entry) = reader.next().await {
+                    let id = entry.headers.get(headers::ID).unwrap().to_string();
+                    seen.push((entry.sequence, id));
+                }
+                seen
+            }
+        };
+        let expected: Vec<(u64, String)> = [1, 2, 4, 5].map(|i| (i, i.to_string())).to_vec();
+        assert_eq!(read(false).await, expected);
+        assert_eq!(read(true).await, expected);
+        js.delete_stream(&name).await.unwrap();
+    }
 }
