@@ -170,7 +170,8 @@ struct DeadFilterParams {
 /// make, or a 422 naming the bad one.
 fn filter(
     event_type: Option<String>,
-    (error_contains, error_class): (Option<String>, Option<String>),
+    error_contains: Option<String>,
+    error_class: Option<String>,
     since: Option<String>,
     until: Option<String>,
 ) -> Result<DeadLetterFilter, ApiError> {
@@ -201,7 +202,8 @@ async fn list_dead(
     let after = pagination::after_number(params.cursor.as_deref())?;
     let filter = filter(
         params.event_type,
-        (params.error_contains, params.error_class),
+        params.error_contains,
+        params.error_class,
         params.since,
         params.until,
     )?;
@@ -278,7 +280,8 @@ async fn replay_matching(
     let mut after = pagination::after_number(params.cursor.as_deref())?;
     let filter = filter(
         params.event_type,
-        (params.error_contains, params.error_class),
+        params.error_contains,
+        params.error_class,
         params.since,
         params.until,
     )?;
@@ -335,7 +338,8 @@ async fn skip_matching(
 ) -> Result<Json<BulkOutcome>, ApiError> {
     let filter = filter(
         params.event_type,
-        (params.error_contains, params.error_class),
+        params.error_contains,
+        params.error_class,
         params.since,
         params.until,
     )?;

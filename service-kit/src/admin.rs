@@ -23,6 +23,7 @@ pub struct AdminToken {
     tokens: Arc<[Configured]>,
 }
 
+#[derive(Clone)]
 struct Configured {
     name: Arc<str>,
     role: Role,
@@ -51,22 +52,13 @@ impl AdminToken {
 
     fn with(self, name: &str, role: Role, token: Option<&secrecy::SecretString>) -> Self {
         let Some(token) = token else { return self };
-        let mut tokens: Vec<Configured> = self
-            .tokens
-            .iter()
-            .map(|c| Configured {
-                name: c.name.clone(),
-                role: c.role,
-                token: c.token.clone(),
-            })
-            .collect();
-        tokens.push(Configured {
+        let added = Configured {
             name: Arc::from(name),
             role,
             token: expose(token),
-        });
+        };
         Self {
-            tokens: tokens.into(),
+            tokens: self.tokens.iter().cloned().chain([added]).collect(),
         }
     }
 

@@ -336,7 +336,7 @@ const TOKEN = /^[A-Za-z0-9_:@-]{1,128}$/;
 const FILTER_TEXT_MAX = 500;
 
 // Dead items grouped by type and error class (by error text where there is no class); "Show"
-// puts a group's values in the filters, so that they take exactly that group.
+// puts a group's values in the filters (a type only when the filter takes it).
 async function refreshGroups() {
   const box = document.getElementById("groups-box");
   const response = await fetch(`${config.dead}/groups`, {
