@@ -29,6 +29,8 @@
 //! - [`repair`]: checking the stream for what the broker acknowledged and lost, and publishing
 //!   it again;
 //! - [`wakeup`]: waking relays after a commit, at no cost to the committing transaction;
+//! - `wal` (feature `wal`): waking relays from a logical replication slot, whichever process
+//!   committed;
 //! - `testing` (feature `testing`): a publisher that injects broker faults, for tests of code
 //!   built on this crate.
 //!
@@ -55,6 +57,8 @@ pub mod repair;
 #[cfg(feature = "testing")]
 pub mod testing;
 pub mod wakeup;
+#[cfg(feature = "wal")]
+pub mod wal;
 
 /// The README's code blocks, compiled as doctests so that the walk-through stays true.
 #[cfg(doctest)]

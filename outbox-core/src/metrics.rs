@@ -60,6 +60,16 @@ pub fn describe() {
         "outbox_broker_storage_full",
         "1 while the broker has no room for the relay's messages (its storage limits), else 0."
     );
+    describe_gauge!(
+        "outbox_wal_lag_bytes",
+        Unit::Bytes,
+        "WAL the relay's replication slot has not confirmed (feature `wal`)."
+    );
+    describe_counter!(
+        "outbox_wal_slot_recreated_total",
+        Unit::Count,
+        "Replication slots made again after the server removed WAL they needed (feature `wal`)."
+    );
     describe_histogram!(
         "outbox_commit_to_ack_seconds",
         Unit::Seconds,

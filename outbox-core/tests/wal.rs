@@ -1,0 +1,219 @@
+//! The WAL wake-up against the real PostgreSQL (`wal_level = logical`, as `scripts/test`
+//! starts it) and nats-server: a commit made where no relay runs, and told to nobody, is
+//! published at once; a standby instance takes over; a slot dropped under it is made again.
+//!
+//! Each relay here polls once an hour (`poll_interval`), so that only a wake-up can make it
+//! publish within the tests' limits.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{TestStream, enqueue, migrate};
+use jetstream_outbox::testing::eventually;
+use jetstream_outbox::wal::WalWakeup;
+use jetstream_outbox::{Relay, Wakeup};
+use serde_json::json;
+use sqlx::PgPool;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+const AT_ONCE: Duration = Duration::from_secs(10);
+
+/// A relay polling once an hour, woken by `wakeup`, until `shutdown`.
+fn sleepy_relay(pool: &PgPool, stream: &TestStream, wakeup: &Wakeup, shutdown: &CancellationToken) {
+    let mut config = stream.relay_config();
+    config.poll_interval = Duration::from_secs(3600);
+    let relay = Relay::new(pool.clone(), stream.publisher(), config).with_wakeup(wakeup);
+    tokio::spawn(relay.run(shutdown.clone()));
+}
+
+/// The URL of the test's own database.
+fn url_of(pool: &PgPool) -> String {
+    let base = std::env::var("DATABASE_URL").expect("DATABASE_URL");
+    let mut url = url::Url::parse(&base).expect("DATABASE_URL is a URL");
+    url.set_path(pool.connect_options().get_database().expect("a database"));
+    url.to_string()
+}
+
+fn slot_name() -> String {
+    format!("t{}", &uuid::Uuid::new_v4().simple().to_string()[..12])
+}
+
+/// Streams `slot` for `wakeup` until `shutdown`, retrying quickly.
+fn wal_wakeup(
+    pool: &PgPool,
+    slot: &str,
+    wakeup: &Wakeup,
+    shutdown: &CancellationToken,
+) -> JoinHandle<()> {
+    let wal = WalWakeup::new(&url_of(pool), slot, wakeup)
+        .expect("a good URL")
+        .retry(Duration::from_millis(100));
+    let (pool, shutdown) = (pool.clone(), shutdown.clone());
+    tokio::spawn(async move { wal.run(pool, shutdown).await.expect("streams") })
+}
+
+/// The backend streaming `slot`, once one does.
+async fn streamed_by(pool: &PgPool, slot: &str) -> i32 {
+    eventually("the slot streamed", AT_ONCE, || async {
+        sqlx::query_scalar::<_, Option<i32>>(
+            "SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1",
+        )
+        .bind(slot)
+        .fetch_optional(pool)
+        .await
+        .ok()
+        .flatten()
+        .flatten()
+    })
+    .await
+}
+
+/// Stops `tasks` and drops the slot, which would keep the test's database from being dropped.
+async fn finish(
+    pool: &PgPool,
+    slot: &str,
+    shutdown: CancellationToken,
+    tasks: Vec<JoinHandle<()>>,
+) {
+    shutdown.cancel();
+    for task in tasks {
+        task.await.expect("the wake-up ends cleanly");
+    }
+    eventually("the slot dropped", AT_ONCE, || async {
+        sqlx::query("SELECT pg_drop_replication_slot($1)")
+            .bind(slot)
+            .execute(pool)
+            .await
+            .ok()
+    })
+    .await;
+}
+
+async fn published(stream: &TestStream, want: usize) {
+    eventually("the events published", AT_ONCE, || async {
+        (stream.published().await.len() >= want).then_some(())
+    })
+    .await;
+}
+
+#[sqlx::test(migrations = false)]
+async fn a_commit_told_to_nobody_is_published_at_once(pool: PgPool) {
+    migrate(&pool).await;
+    let stream = TestStream::new().await;
+    let (slot, wakeup, shutdown) = (slot_name(), Wakeup::in_process(), CancellationToken::new());
+    sleepy_relay(&pool, &stream, &wakeup, &shutdown);
+    let wal = wal_wakeup(&pool, &slot, &wakeup, &shutdown);
+    streamed_by(&pool, &slot).await;
+
+    // `enqueue` commits on its own connection and tells no relay.
+    enqueue(&pool, "o1", "OrderPlaced", json!({"orderId": "o1"})).await;
+    published(&stream, 1).await;
+    enqueue(&pool, "o1", "OrderPaid", json!({"orderId": "o1"})).await;
+    published(&stream, 2).await;
+    assert_eq!(stream.published().await, ["o1:OrderPlaced", "o1:OrderPaid"]);
+    finish(&pool, &slot, shutdown, vec![wal]).await;
+}
+
+#[sqlx::test(migrations = false)]
+async fn a_standby_takes_over_when_the_streaming_instance_stops(pool: PgPool) {
+    migrate(&pool).await;
+    let stream = TestStream::new().await;
+    let slot = slot_name();
+    // The first instance streams and wakes nobody; the second stands by, beside the relay.
+    let (first_shutdown, shutdown) = (CancellationToken::new(), CancellationToken::new());
+    let first = wal_wakeup(&pool, &slot, &Wakeup::in_process(), &first_shutdown);
+    let first_pid = streamed_by(&pool, &slot).await;
+    let wakeup = Wakeup::in_process();
+    sleepy_relay(&pool, &stream, &wakeup, &shutdown);
+    let second = wal_wakeup(&pool, &slot, &wakeup, &shutdown);
+
+    enqueue(&pool, "o1", "OrderPlaced", json!({"orderId": "o1"})).await;
+    first_shutdown.cancel();
+    first.await.expect("the first instance ends cleanly");
+    // The standby streams, and looks at what committed before it did.
+    eventually("the standby streaming", AT_ONCE, || async {
+        let pid = streamed_by(&pool, &slot).await;
+        (pid != first_pid).then_some(())
+    })
+    .await;
+    published(&stream, 1).await;
+    enqueue(&pool, "o1", "OrderPaid", json!({"orderId": "o1"})).await;
+    published(&stream, 2).await;
+    assert_eq!(stream.published().await, ["o1:OrderPlaced", "o1:OrderPaid"]);
+    finish(&pool, &slot, shutdown, vec![second]).await;
+}
+
+/// An operator drops the slot (or a failover leaves it behind): the wake-up makes it again,
+/// and what committed meanwhile is published, since the table holds it.
+#[sqlx::test(migrations = false)]
+async fn a_slot_dropped_under_it_is_made_again(pool: PgPool) {
+    migrate(&pool).await;
+    let stream = TestStream::new().await;
+    let (slot, wakeup, shutdown) = (slot_name(), Wakeup::in_process(), CancellationToken::new());
+    sleepy_relay(&pool, &stream, &wakeup, &shutdown);
+    let wal = wal_wakeup(&pool, &slot, &wakeup, &shutdown);
+    let before = streamed_by(&pool, &slot).await;
+
+    eventually("the slot dropped by the operator", AT_ONCE, || async {
+        sqlx::query(
+            "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots
+             WHERE slot_name = $1 AND active_pid IS NOT NULL",
+        )
+        .bind(&slot)
+        .execute(&pool)
+        .await
+        .ok()?;
+        sqlx::query("SELECT pg_drop_replication_slot($1)")
+            .bind(&slot)
+            .execute(&pool)
+            .await
+            .ok()
+    })
+    .await;
+    enqueue(&pool, "o1", "OrderPlaced", json!({"orderId": "o1"})).await;
+    eventually("the slot made again and streamed", AT_ONCE, || async {
+        let pid = streamed_by(&pool, &slot).await;
+        (pid != before).then_some(())
+    })
+    .await;
+    published(&stream, 1).await;
+    enqueue(&pool, "o1", "OrderPaid", json!({"orderId": "o1"})).await;
+    published(&stream, 2).await;
+    finish(&pool, &slot, shutdown, vec![wal]).await;
+}
+
+/// The streaming instance's lock session dies (its host cut off, say) while its stream runs
+/// on: the standby takes the lock and ends that stream instead of waiting for the server to
+/// notice, which takes `wal_sender_timeout`.
+#[sqlx::test(migrations = false)]
+async fn an_instance_that_lost_its_lock_stops_streaming(pool: PgPool) {
+    migrate(&pool).await;
+    let stream = TestStream::new().await;
+    let slot = slot_name();
+    let shutdown = CancellationToken::new();
+    let first = wal_wakeup(&pool, &slot, &Wakeup::in_process(), &shutdown);
+    let first_pid = streamed_by(&pool, &slot).await;
+    let wakeup = Wakeup::in_process();
+    sleepy_relay(&pool, &stream, &wakeup, &shutdown);
+    let second = wal_wakeup(&pool, &slot, &wakeup, &shutdown);
+
+    let ended: bool = sqlx::query_scalar(
+        "SELECT pg_terminate_backend(pid) FROM pg_locks
+         WHERE locktype = 'advisory' AND granted AND pid <> pg_backend_pid()
+           AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+    )
+    .fetch_one(&pool)
+    .await
+    .expect("the lock's session ended");
+    assert!(ended);
+    eventually("the standby streaming", AT_ONCE, || async {
+        let pid = streamed_by(&pool, &slot).await;
+        (pid != first_pid).then_some(())
+    })
+    .await;
+    enqueue(&pool, "o1", "OrderPlaced", json!({"orderId": "o1"})).await;
+    published(&stream, 1).await;
+    finish(&pool, &slot, shutdown, vec![first, second]).await;
+}
