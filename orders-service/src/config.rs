@@ -105,6 +105,12 @@ struct Settings {
     #[arg(long = "nats-publish-timeout-ms", env = "NATS_PUBLISH_TIMEOUT_MS",
           default_value = "5000", value_parser = millis(), help_heading = "Relay")]
     nats_publish_timeout: Duration,
+    /// Wake the relay from this logical replication slot at each commit that enqueued events,
+    /// whichever process made it (a SQL `outbox_enqueue` in another application too); created
+    /// when missing. Needs wal_level = logical and a role with REPLICATION. Instances given one
+    /// name share it: one streams, the others stand by and take over. Unset: off.
+    #[arg(long, env = "RELAY_WAL_SLOT", value_parser = wal_slot, help_heading = "Relay")]
+    relay_wal_slot: Option<String>,
     /// Published events are kept this many milliseconds (at most 676800000, 188 hours): for
     /// operators, and to publish again what the broker lost; 0 deletes each event as it is
     /// published, keeping nothing to repair from.
@@ -122,6 +128,8 @@ pub struct Config {
     pub relay: RelayConfig,
     /// `RELAY_ENABLED`: run the relay in this process (default true).
     pub relay_enabled: bool,
+    /// `RELAY_WAL_SLOT`: the replication slot that wakes the relay, if any.
+    pub relay_wal_slot: Option<String>,
     /// `NATS_PUBLISH_TIMEOUT_MS`: the longest wait for one PubAck.
     pub publish_timeout: Duration,
     /// `OUTBOX_RETENTION_MS`: published and skipped events are aged out after this long (at
@@ -180,12 +188,26 @@ impl Settings {
             relay.lease > 4 * windows * self.nats_publish_timeout,
             "must be more than four times NATS_PUBLISH_TIMEOUT_MS per 4096 rows of RELAY_BATCH_SIZE",
         )?;
+        ensure(
+            "RELAY_WAL_SLOT",
+            self.relay_enabled || self.relay_wal_slot.is_none(),
+            "wakes this process's relay: unset it where RELAY_ENABLED=false",
+        )?;
         Ok(Config {
             common: self.common,
             relay,
             relay_enabled: self.relay_enabled,
+            relay_wal_slot: self.relay_wal_slot,
             publish_timeout: self.nats_publish_timeout,
             outbox_retention: self.outbox_retention,
         })
     }
+}
+
+/// A replication slot's name, as `jetstream_outbox::wal` takes it.
+fn wal_slot(value: &str) -> Result<String, String> {
+    jetstream_outbox::wal::checked_name(value).map_err(|_| {
+        "use 1-63 lower-case letters, digits or '_' (a PostgreSQL replication slot's name)"
+            .to_owned()
+    })
 }

@@ -4,11 +4,13 @@
 use std::future::Future;
 use std::sync::Arc;
 
+use anyhow::Context as _;
+
 use async_nats::jetstream::context::ContextBuilder;
 use axum::Router;
 use axum::extract::FromRef;
 use jetstream_outbox::{
-    Cleanup, JetStreamPublisher, RELAY_CONNECTIONS, Relay, StreamRepair, Wakeup,
+    Cleanup, JetStreamPublisher, RELAY_CONNECTIONS, Relay, StreamRepair, Wakeup, wal::WalWakeup,
 };
 use service_kit::admin::{AdminSecurity, AdminToken};
 use service_kit::history::{History, Refresh};
@@ -90,6 +92,8 @@ pub struct App {
     base: Base,
     router: Router,
     relay: Option<Relay<JetStreamPublisher>>,
+    /// Wakes the relay from a replication slot (`RELAY_WAL_SLOT`).
+    wal_wakeup: Option<WalWakeup>,
     cleanup: Cleanup,
     /// The console's charts and how their gauges are brought up to date.
     history: (History, Refresh),
@@ -137,6 +141,15 @@ impl App {
         } else {
             None
         };
+        let wal_wakeup = match (&config.relay_wal_slot, &relay) {
+            (Some(slot), Some(_)) => {
+                let wal = WalWakeup::new(config.common.database_url(), slot, &wakeup)
+                    .context("RELAY_WAL_SLOT: DATABASE_URL cannot stream a slot")?;
+                wal.check(&pool).await.context("RELAY_WAL_SLOT")?;
+                Some(wal)
+            }
+            _ => None,
+        };
         let history = History::new(console::OPS.charts, config.common.ops_history_interval);
         let state = AppState {
             connections: Connections::for_requests(pool.clone()),
@@ -159,6 +172,7 @@ impl App {
             base,
             router,
             relay,
+            wal_wakeup,
             cleanup: Cleanup::outbox(pool, config.outbox_retention),
             history: (history, refresh),
         })
@@ -190,6 +204,15 @@ impl App {
         ];
         if let Some(relay) = self.relay {
             tasks.push(BackgroundTask::new("relay", |stop| relay.run(stop)));
+        }
+        if let Some(wal) = self.wal_wakeup {
+            let pool = self.base.pool.clone();
+            tasks.push(BackgroundTask::new("WAL wake-up", |stop| async move {
+                // Only what the start-up checked can end it: the task's end stops the service.
+                if let Err(error) = wal.run(pool, stop).await {
+                    tracing::error!(error = %error, "the WAL wake-up stopped");
+                }
+            }));
         }
         self.base
             .run_until_stopped(self.router, tasks, shutdown)

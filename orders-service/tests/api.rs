@@ -710,3 +710,59 @@ async fn a_named_token_acts_under_its_name_and_a_named_reader_cannot_act() {
     assert_eq!(actors, ["admin", "ada"], "{audit}");
     app.stop().await;
 }
+
+/// `RELAY_WAL_SLOT`: an event another application enqueued with SQL, telling no relay, is
+/// published at once, though the relay polls only hourly here (`RELAY_POLL_INTERVAL_MS`) so
+/// that nothing but the slot can wake it in time.
+#[tokio::test]
+async fn a_wal_slot_wakes_the_relay_for_another_applications_commit() {
+    let slot = testing::unique("orders_wal").to_lowercase();
+    let app = TestApp::spawn_with(|config| {
+        config.relay_wal_slot = Some(slot.clone());
+        config.relay.poll_interval = std::time::Duration::from_secs(3600);
+    })
+    .await;
+    let limit = std::time::Duration::from_secs(10);
+    testing::eventually("the slot streamed", limit, || async {
+        sqlx::query_scalar::<_, bool>(
+            "SELECT active FROM pg_replication_slots WHERE slot_name = $1",
+        )
+        .bind(&slot)
+        .fetch_optional(&app.pool)
+        .await
+        .ok()
+        .flatten()
+        .filter(|active| *active)
+    })
+    .await;
+    sqlx::query(
+        "SELECT outbox_enqueue(gen_random_uuid(), 'order', 'o-elsewhere', 'OrderPlaced', \
+         '{\"orderId\": \"o-elsewhere\"}')",
+    )
+    .execute(&app.pool)
+    .await
+    .unwrap();
+    let nats = async_nats::jetstream::new(async_nats::connect(testing::nats_url()).await.unwrap());
+    testing::eventually("the event published", limit, || async {
+        let mut stream = nats.get_stream(&app.stream).await.ok()?;
+        (stream.info().await.ok()?.state.messages == 1).then_some(())
+    })
+    .await;
+    let database = app.database.clone();
+    app.running.stop().await;
+    // A slot keeps its database from being dropped. The app closed its pool.
+    let pool = PgPool::connect(&testing::database_url(&database))
+        .await
+        .unwrap();
+    testing::eventually("the slot dropped", limit, || async {
+        sqlx::query("SELECT pg_drop_replication_slot($1)")
+            .bind(&slot)
+            .execute(&pool)
+            .await
+            .ok()
+    })
+    .await;
+    pool.close().await;
+    testing::drop_database(&database).await;
+    testing::delete_stream(&app.stream).await;
+}

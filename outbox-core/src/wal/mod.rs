@@ -136,15 +136,23 @@ impl WalWakeup {
         self
     }
 
-    /// Streams until `shutdown` (see the module documentation); `pool` is the outbox's
-    /// database. Returns an error only for what retrying cannot mend: the server's
-    /// `wal_level`, or a publication it cannot create.
-    pub async fn run(self, pool: PgPool, shutdown: CancellationToken) -> Result<(), WalError> {
-        let level = storage::wal_level(&pool).await?;
+    /// Checks what retrying cannot mend, for a service to refuse to start without it: the
+    /// server's `wal_level`, and the publication (created when missing).
+    pub async fn check(&self, pool: &PgPool) -> Result<(), WalError> {
+        let level = storage::wal_level(pool).await?;
         if level != "logical" {
             return Err(WalError::WalLevel(level));
         }
-        storage::ensure_publication(&pool, &self.publication).await?;
+        storage::ensure_publication(pool, &self.publication).await?;
+        Ok(())
+    }
+
+    /// Streams until `shutdown` (see the module documentation); `pool` is the outbox's
+    /// database. Returns an error only for what [`WalWakeup::check`] finds; it retries the
+    /// rest (the database unreachable or restarted, the slot dropped or lost, another instance
+    /// streaming).
+    pub async fn run(self, pool: PgPool, shutdown: CancellationToken) -> Result<(), WalError> {
+        self.check(&pool).await?;
         while !shutdown.is_cancelled() {
             if let Err(error) = self.lead(&pool, &shutdown).await {
                 tracing::warn!(slot = %self.slot, error = %error, "streaming the outbox stopped; retrying");
@@ -271,8 +279,8 @@ enum StreamError {
     StillStreamed,
 }
 
-/// `name` when it is a safe identifier for a slot or publication.
-fn checked_name(name: &str) -> Result<String, WalError> {
+/// `name` when it can name a slot or publication here: `a-z`, `0-9` and `_`, at most 63.
+pub fn checked_name(name: &str) -> Result<String, WalError> {
     let safe = !name.is_empty()
         && name.len() <= 63
         && name
