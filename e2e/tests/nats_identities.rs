@@ -155,6 +155,34 @@ async fn orders_identity_finds_a_stored_event(cluster: &Cluster, password: &str,
     assert_eq!(found.map(|ack| ack.stream_seq), Some(1));
 }
 
+/// Orders' identity may scan its stream as the relay's repair does (through an ordered
+/// consumer, made by the API subject without a consumer name) after the events it had checked.
+async fn orders_identity_scans_its_stream(cluster: &Cluster, password: &str, stream: &str) {
+    let orders = as_user(cluster, "orders", password).await;
+    let pool = cluster.orders_pool();
+    let spec = jetstream_outbox::publisher::StreamSpec::new(
+        stream,
+        vec![format!("{}.>", cluster.names.prefix)],
+    );
+    let repair = jetstream_outbox::StreamRepair::new(orders.clone(), spec);
+    let checked = repair.check(pool).await.expect("orders may check").last_seq;
+    eventually(
+        "the stream grows past the check",
+        Duration::from_secs(30),
+        || {
+            let orders = orders.clone();
+            async move {
+                let mut handle = orders.get_stream(stream).await.ok()?;
+                let last = handle.info().await.ok()?.state.last_sequence;
+                (last > checked).then_some(())
+            }
+        },
+    )
+    .await;
+    let report = repair.check(pool).await.expect("orders may scan");
+    assert!(report.scanned > 0, "the second check scans: {report:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_orders_service_can_make_billing_invoice() {
     let setup = Setup {
@@ -178,6 +206,7 @@ async fn only_orders_service_can_make_billing_invoice() {
     billings_identity_is_refused(&cluster, &identities.billing, &stream, &prefix).await;
     orders_identity_is_refused(&cluster, &identities.orders, &stream).await;
     orders_identity_finds_a_stored_event(&cluster, &identities.orders, &stream).await;
+    orders_identity_scans_its_stream(&cluster, &identities.orders, &stream).await;
 
     let ledger = load.finish().await;
     cluster.check(&ledger).await.assert_clean();
