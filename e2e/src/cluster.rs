@@ -116,13 +116,7 @@ impl Cluster {
             billing: Vec::new(),
         };
         for _ in 0..orders {
-            let mut env = cluster.env(Kind::Orders);
-            if let Some(proxy) = &cluster.proxy {
-                env.retain(|(k, _)| k != "NATS_URL");
-                env.push(("NATS_URL".into(), proxy.url()));
-            }
-            let service = Service::start(Kind::Orders, env, &cluster.dir).await;
-            cluster.orders.push(service);
+            cluster.start_orders().await;
         }
         for _ in 0..billing {
             let service =
@@ -132,6 +126,17 @@ impl Cluster {
         // Billing has migrated its database; no message was applied yet.
         checker::log_applications(&cluster.billing_pool).await;
         cluster
+    }
+
+    /// Starts one more orders-service instance, as the first ones were started.
+    pub async fn start_orders(&mut self) {
+        let mut env = self.env(Kind::Orders);
+        if let Some(proxy) = &self.proxy {
+            env.retain(|(k, _)| k != "NATS_URL");
+            env.push(("NATS_URL".into(), proxy.url()));
+        }
+        let service = Service::start(Kind::Orders, env, &self.dir).await;
+        self.orders.push(service);
     }
 
     /// The environment of a service process in this cluster.
