@@ -42,6 +42,13 @@ use crate::Wakeup;
 /// The publication [`WalWakeup`] streams unless told otherwise.
 pub const PUBLICATION: &str = "outbox_inserts";
 
+/// How long after its commit is read a transaction is taken to be visible to every session:
+/// the relays are woken a second time then.
+const VISIBLE_WITHIN: Duration = Duration::from_millis(200);
+
+/// How often every instance reads the slot's lag.
+const LAG_INTERVAL: Duration = Duration::from_secs(5);
+
 /// What stops [`WalWakeup::run`].
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -153,8 +160,16 @@ impl WalWakeup {
     /// streaming).
     pub async fn run(self, pool: PgPool, shutdown: CancellationToken) -> Result<(), WalError> {
         self.check(&pool).await?;
+        tokio::join!(
+            self.stream_or_stand_by(&pool, &shutdown),
+            self.watch_lag(&pool, &shutdown)
+        );
+        Ok(())
+    }
+
+    async fn stream_or_stand_by(&self, pool: &PgPool, shutdown: &CancellationToken) {
         while !shutdown.is_cancelled() {
-            if let Err(error) = self.lead(&pool, &shutdown).await {
+            if let Err(error) = self.lead(pool, shutdown).await {
                 tracing::warn!(slot = %self.slot, error = %error, "streaming the outbox stopped; retrying");
             }
             tokio::select! {
@@ -162,7 +177,23 @@ impl WalWakeup {
                 () = tokio::time::sleep(self.retry) => {}
             }
         }
-        Ok(())
+    }
+
+    /// Sets `outbox_wal_lag_bytes` every [`LAG_INTERVAL`], on every instance: a slot nobody
+    /// streams keeps its WAL, which is what the gauge is watched for.
+    async fn watch_lag(&self, pool: &PgPool, shutdown: &CancellationToken) {
+        let mut every = tokio::time::interval(LAG_INTERVAL);
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                _ = every.tick() => {}
+            }
+            match storage::lag_bytes(pool, &self.slot).await {
+                // No slot retains nothing.
+                Ok(lag) => metrics::gauge!("outbox_wal_lag_bytes").set(lag.unwrap_or(0) as f64),
+                Err(error) => tracing::debug!(error = %error, "cannot read the slot's lag"),
+            }
+        }
     }
 
     /// Waits to be the instance that streams, then streams until an error or `shutdown`.
@@ -183,7 +214,7 @@ impl WalWakeup {
                 .await
                 .map_err(StreamError::Replication)?;
         tracing::info!(slot = %self.slot, "streaming the outbox's commits");
-        let streamed = self.stream(&mut client, pool, shutdown).await;
+        let streamed = self.stream(&mut client, shutdown).await;
         client.stop();
         let _ = client.shutdown().await;
         let _ = conn.close().await;
@@ -230,18 +261,19 @@ impl WalWakeup {
     async fn stream(
         &self,
         client: &mut ReplicationClient,
-        pool: &PgPool,
         shutdown: &CancellationToken,
     ) -> Result<(), StreamError> {
         let mut inserted = false;
-        let mut lag = tokio::time::interval(Duration::from_secs(5));
+        // PostgreSQL sends a commit once its record is flushed, which can be a moment before
+        // the transaction is visible to other sessions: a relay woken then may find nothing.
+        // So the relays are woken again once the commits read have surely become visible.
+        let mut again: Option<tokio::time::Instant> = None;
         loop {
             let event = tokio::select! {
                 () = shutdown.cancelled() => return Ok(()),
-                _ = lag.tick() => {
-                    if let Ok(Some(bytes)) = storage::lag_bytes(pool, &self.slot).await {
-                        metrics::gauge!("outbox_wal_lag_bytes").set(bytes as f64);
-                    }
+                () = sleep_until(again) => {
+                    again = None;
+                    self.wakeup.committed();
                     continue;
                 }
                 event = client.recv() => event.map_err(StreamError::Replication)?,
@@ -254,6 +286,7 @@ impl WalWakeup {
                 Some(ReplicationEvent::Commit { end_lsn, .. }) => {
                     if std::mem::take(&mut inserted) {
                         self.wakeup.committed();
+                        again.get_or_insert_with(|| tokio::time::Instant::now() + VISIBLE_WITHIN);
                     }
                     client.update_applied_lsn(end_lsn);
                 }
@@ -263,6 +296,14 @@ impl WalWakeup {
                 Some(_) => {}
             }
         }
+    }
+}
+
+/// Waits until `at`, or forever without one.
+async fn sleep_until(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
     }
 }
 
