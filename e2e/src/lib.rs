@@ -152,8 +152,15 @@ pub struct Stack {
 impl Stack {
     /// Starts both services with fresh databases and a fresh stream.
     pub async fn start() -> Self {
+        Self::start_with(|_| {}).await
+    }
+
+    /// [`Stack::start`], with orders-service's settings changed by `adjust`.
+    pub async fn start_with(adjust: impl FnOnce(&mut orders_service::Config)) -> Self {
         let names = Names::unique();
-        let orders = RunningApp::orders(names.orders_config()).await;
+        let mut config = names.orders_config();
+        adjust(&mut config);
+        let orders = RunningApp::orders(config).await;
         let billing = RunningApp::billing(names.billing_config()).await;
         Self {
             names,

@@ -89,7 +89,9 @@ async fn every_metric_a_rule_names_is_served() {
     let named = metric_names(&expressions);
     assert!(named.len() >= 15, "{named:?}");
 
-    let stack = Stack::start().await;
+    // With a replication slot, so that its lag is served too.
+    let slot = service_kit::testing::unique("alerts_wal").to_lowercase();
+    let stack = Stack::start_with(|config| config.relay_wal_slot = Some(slot.clone())).await;
     let client = reqwest::Client::new();
     let answer = client
         .post(format!("{}/orders", stack.orders.url))
@@ -127,7 +129,27 @@ async fn every_metric_a_rule_names_is_served() {
         missing.is_empty(),
         "named by a rule, served by no service within 20 s: {missing:?}"
     );
-    stack.stop().await;
+    let Stack {
+        names,
+        orders,
+        billing,
+    } = stack;
+    orders.stop().await;
+    billing.stop().await;
+    // A slot keeps its database from being dropped.
+    let pool = sqlx::PgPool::connect(&service_kit::testing::database_url(&names.orders_db))
+        .await
+        .unwrap();
+    e2e::eventually("the slot dropped", Duration::from_secs(10), || async {
+        sqlx::query("SELECT pg_drop_replication_slot($1)")
+            .bind(&slot)
+            .execute(&pool)
+            .await
+            .ok()
+    })
+    .await;
+    pool.close().await;
+    names.clean_up().await;
 }
 
 /// The metric families `expressions` name: the words holding an underscore (the services'
