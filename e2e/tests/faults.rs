@@ -248,11 +248,24 @@ async fn lost_pub_acks() {
 /// the services recover on their own and no order is half-written.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_restarted_immediately_under_load() {
+    postgres_restarted_immediately(&[]).await;
+}
+
+/// The same with the relays woken from a replication slot (`RELAY_WAL_SLOT`, two instances
+/// sharing it): the slot survives the crash and is streamed again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_restarted_immediately_under_load_with_a_wal_slot() {
+    postgres_restarted_immediately(&[("RELAY_WAL_SLOT", "e2e_restarted")]).await;
+}
+
+async fn postgres_restarted_immediately(env: &'static [(&'static str, &'static str)]) {
     let setup = Setup {
         own_postgres: true,
+        env,
         ..Setup::default()
     };
-    let cluster = Cluster::start_with(1, 1, setup).await;
+    let orders = if env.is_empty() { 1 } else { 2 };
+    let cluster = Cluster::start_with(orders, 1, setup).await;
     let load = cluster.load(4, false);
     load.progress(STEP).await;
     cluster
@@ -276,6 +289,22 @@ async fn postgres_restarted_immediately_under_load() {
     .await
     .unwrap();
     assert_eq!(orphans, 0);
+    if !env.is_empty() {
+        eventually(
+            "the slot streamed again",
+            Duration::from_secs(30),
+            || async {
+                let active: bool = sqlx::query_scalar(
+                    "SELECT active FROM pg_replication_slots WHERE slot_name = 'e2e_restarted'",
+                )
+                .fetch_optional(cluster.orders_pool())
+                .await
+                .ok()??;
+                active.then_some(())
+            },
+        )
+        .await;
+    }
     cluster.stop().await;
 }
 

@@ -121,7 +121,7 @@ impl PgServer {
 
     async fn start_server(&self) {
         let options = format!(
-            "-p {} -k {} -c listen_addresses=127.0.0.1",
+            "-p {} -k {} -c listen_addresses=127.0.0.1 -c wal_level=logical",
             self.port,
             self.dir.display()
         );
