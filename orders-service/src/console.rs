@@ -34,6 +34,12 @@ pub const OPS: OpsPage = OpsPage {
             label: "Parked aggregates",
             alert: true,
         },
+        // Shown only with RELAY_WAL_SLOT, which the stats hold it for.
+        Tile {
+            key: "walLagBytes",
+            label: "WAL slot lag",
+            alert: false,
+        },
     ],
     dead: "/outbox/dead",
     columns: &[

@@ -4,6 +4,7 @@
 use axum::extract::State;
 use jetstream_outbox::OutboxStats;
 use jetstream_outbox::outbox::{self, DeadEvent, DeadFilter};
+use jetstream_outbox::wal;
 use serde::{Deserialize, Serialize};
 use service_kit::admin::{Admin, AdminRefusals, Reader};
 use service_kit::audit;
@@ -33,13 +34,33 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(skip_matching))
 }
 
+/// The outbox's counts, and with `RELAY_WAL_SLOT` its slot's lag.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct OutboxStatsWithSlot {
+    #[serde(flatten)]
+    outbox: OutboxStats,
+    /// With `RELAY_WAL_SLOT`: bytes of WAL the replication slot keeps that no instance has
+    /// confirmed (0 while the slot is being made again). It grows while no instance streams
+    /// the slot.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    wal_lag_bytes: Option<i64>,
+}
+
 /// Pending events (exact below 10,000, estimated beyond with a margin), dead and parked events
 /// (counted up to 10,000: `exact` is false when a count reached it) and the age of the oldest
-/// pending one, read through indexes in constant time.
+/// pending one, read through indexes in constant time; with `RELAY_WAL_SLOT`, the slot's lag.
 #[utoipa::path(get, path = "/outbox/stats", tag = "outbox",
-    responses((status = 200, description = "Current outbox counts", body = OutboxStats)))]
-async fn stats(State(state): State<AppState>) -> Result<Json<OutboxStats>, ApiError> {
-    Ok(Json(outbox::stats(&state.pool).await?))
+    responses((status = 200, description = "Current outbox counts", body = OutboxStatsWithSlot)))]
+async fn stats(State(state): State<AppState>) -> Result<Json<OutboxStatsWithSlot>, ApiError> {
+    let wal_lag_bytes = match &state.wal_slot {
+        Some(slot) => Some(wal::lag_bytes(&state.pool, slot).await?.unwrap_or(0)),
+        None => None,
+    };
+    Ok(Json(OutboxStatsWithSlot {
+        outbox: outbox::stats(&state.pool).await?,
+        wal_lag_bytes,
+    }))
 }
 
 /// Gives this service's own metrics their help text (`# HELP`); once the recorder is

@@ -43,6 +43,8 @@ pub struct AppState {
     pub gauges: Arc<Cached<jetstream_outbox::OutboxStats>>,
     /// The last hour of the console's charts.
     pub history: History,
+    /// `RELAY_WAL_SLOT`, whose lag the stats show.
+    pub wal_slot: Option<String>,
 }
 
 #[derive(OpenApi)]
@@ -161,6 +163,7 @@ impl App {
                 .with_named(config.common.ops_tokens()),
             gauges: Arc::new(Cached::new(service_kit::metrics::GAUGE_INTERVAL)),
             history: history.clone(),
+            wal_slot: wal_wakeup.as_ref().and(config.relay_wal_slot.clone()),
         };
         let refresh = console::refresh(state.clone());
         let router = router(

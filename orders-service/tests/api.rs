@@ -162,6 +162,12 @@ async fn failure_before_commit_leaves_neither_order_nor_event() {
         (app.count("orders").await, app.count("outbox").await),
         (0, 0)
     );
+    let stats: Value = app.get("/outbox/stats").await.json().await.unwrap();
+    assert_eq!(stats["pending"], 0, "{stats}");
+    assert!(
+        stats.get("walLagBytes").is_none(),
+        "no slot, no lag: {stats}"
+    );
     app.stop().await;
 }
 
@@ -748,6 +754,8 @@ async fn a_wal_slot_wakes_the_relay_for_another_applications_commit() {
         (stream.info().await.ok()?.state.messages == 1).then_some(())
     })
     .await;
+    let stats: Value = app.get("/outbox/stats").await.json().await.unwrap();
+    assert!(stats["walLagBytes"].is_i64(), "the slot's lag: {stats}");
     let database = app.database.clone();
     app.running.stop().await;
     // A slot keeps its database from being dropped. The app closed its pool.

@@ -188,7 +188,7 @@ impl WalWakeup {
                 () = shutdown.cancelled() => return,
                 _ = every.tick() => {}
             }
-            match storage::lag_bytes(pool, &self.slot).await {
+            match lag_bytes(pool, &self.slot).await {
                 // No slot retains nothing.
                 Ok(lag) => metrics::gauge!("outbox_wal_lag_bytes").set(lag.unwrap_or(0) as f64),
                 Err(error) => tracing::debug!(error = %error, "cannot read the slot's lag"),
@@ -297,6 +297,12 @@ impl WalWakeup {
             }
         }
     }
+}
+
+/// How many bytes of WAL the slot `slot` keeps that its streamer has not confirmed; `None`
+/// when there is no such slot.
+pub async fn lag_bytes(pool: &PgPool, slot: &str) -> sqlx::Result<Option<i64>> {
+    storage::lag_bytes(pool, slot).await
 }
 
 /// Waits until `at`, or forever without one.

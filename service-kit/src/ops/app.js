@@ -36,8 +36,19 @@ async function problemDetail(response) {
 // reads "at least", unless the stats estimate it (a `…Margin` beside it).
 const COUNT_LIMIT = 10000;
 
+function formatBytes(bytes) {
+  const units = ["B", "KiB", "MiB", "GiB", "TiB"];
+  let unit = 0;
+  while (bytes >= 1024 && unit < units.length - 1) {
+    bytes /= 1024;
+    unit += 1;
+  }
+  return unit === 0 ? `${bytes} B` : `${bytes.toFixed(1)} ${units[unit]}`;
+}
+
 function formatStat(key, value, stats) {
   if (typeof value === "number" && key.endsWith("Seconds")) return `${value.toFixed(1)} s`;
+  if (typeof value === "number" && key.endsWith("Bytes")) return formatBytes(value);
   const margin = stats[`${key}Margin`];
   if (margin > 0) return `≈ ${value.toLocaleString()} ± ${margin.toLocaleString()}`;
   if (margin === undefined && stats.exact === false && value >= COUNT_LIMIT) {
@@ -69,7 +80,8 @@ async function refreshStats() {
     const response = await fetch(config.stats, { cache: "no-store" });
     if (!response.ok) throw new Error(await problemDetail(response));
     const stats = await response.json();
-    const tiles = config.tiles.map(({ key, label, alert }) =>
+    // A tile whose value the stats leave out belongs to a feature this instance runs without.
+    const tiles = config.tiles.filter(({ key }) => key in stats).map(({ key, label, alert }) =>
       el("div", {
         className: alert && stats[key] > 0 ? "tile alert" : "tile",
         title: key,
