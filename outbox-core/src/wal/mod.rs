@@ -14,40 +14,50 @@
 //! again, and everything committed meanwhile is in the table, which the relay reads at once.
 //!
 //! Several instances may run one: a session advisory lock picks the one that streams, the
-//! others retry every [`WalWakeup::retry`]. An instance that takes the lock while the slot is
-//! still streamed (its holder's connection died but the server has not noticed yet) ends that
-//! stream, so a killed instance is replaced within the retry rather than `wal_sender_timeout`.
+//! others try to take it every [`WalWakeup::retry`]. Only the streaming instance's relays are
+//! woken this way; the others' poll. The streaming instance pings its lock's session while it
+//! streams and stops when it does not answer. An instance that takes the lock while the slot
+//! is still streamed (the lock's session of its holder ended, the stream did not) ends that
+//! stream. A killed instance's sessions close with it, so another takes over within the
+//! retry; a host cut off loses its lock once the server's keepalive probes fail.
 //!
 //! What the server needs:
 //! - `wal_level = logical` (Amazon RDS: `rds.logical_replication = 1`; Cloud SQL:
 //!   `cloudsql.logical_decoding = on`), and a free slot and WAL sender (`max_replication_slots`,
-//!   `max_wal_senders`) per streaming instance;
+//!   `max_wal_senders`) per slot name;
 //! - the pool's role and the URL's with `REPLICATION` (RDS: granted `rds_replication`), the
-//!   pool's also allowed to create the publication once, or the owner creates it beforehand:
+//!   pool's allowed to end the URL role's stream (the same role, or a member of it), and to
+//!   create the publication once, or the owner creates it beforehand:
 //!   `CREATE PUBLICATION outbox_inserts FOR TABLE outbox WITH (publish = 'insert')`.
 //!
-//! A failover to a standby leaves the slot behind (PostgreSQL 15 does not copy slots to
-//! standbys): the wake-up makes it again on the new primary, as after a drop.
+//! A failover to a standby that has no copy of the slot (PostgreSQL copies none before its
+//! failover slots) leaves it behind: the wake-up makes it again on the new primary, as after
+//! a drop.
 
+mod connect;
+mod lead;
 mod storage;
 
 use std::time::Duration;
 
-use pgwire_replication::{Lsn, ReplicationClient, ReplicationConfig, ReplicationEvent, TlsConfig};
-use sqlx::{Connection as _, PgConnection, PgPool};
+use pgwire_replication::ReplicationConfig;
+use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
 use crate::Wakeup;
+use lead::{LeadError, Turn};
 
 /// The publication [`WalWakeup`] streams unless told otherwise.
 pub const PUBLICATION: &str = "outbox_inserts";
 
-/// How long after its commit is read a transaction is taken to be visible to every session:
-/// the relays are woken a second time then.
-const VISIBLE_WITHIN: Duration = Duration::from_millis(200);
-
 /// How often every instance reads the slot's lag.
 const LAG_INTERVAL: Duration = Duration::from_secs(5);
+
+/// The longest pause between two attempts after failures in a row.
+const MOST_BACKOFF: Duration = Duration::from_secs(30);
+
+/// The shortest [`WalWakeup::retry`]: a zero would make a standby's loop spin.
+const LEAST_RETRY: Duration = Duration::from_millis(10);
 
 /// What stops [`WalWakeup::run`].
 #[derive(Debug, thiserror::Error)]
@@ -62,8 +72,12 @@ pub enum WalError {
     /// The server does not decode its WAL logically.
     #[error("wal_level is {0}; streaming the outbox needs wal_level = logical")]
     WalLevel(String),
+    /// A replication slot of this name exists that is not a `pgoutput` slot of this
+    /// database: another database's or another program's, left alone.
+    #[error("the replication slot {0:?} belongs to another database or program: name another")]
+    SlotTaken(String),
     /// A statement on the database failed.
-    #[error(transparent)]
+    #[error("database error")]
     Database(#[from] sqlx::Error),
 }
 
@@ -79,49 +93,12 @@ pub struct WalWakeup {
 }
 
 impl WalWakeup {
-    /// Streams the slot `slot` of the database at `database_url` (a `postgres://` URL; its
-    /// `sslmode` of `require`, `verify-ca` or `verify-full` is honoured, with `sslrootcert`),
-    /// waking the relays `wakeup` wakes.
+    /// Streams the slot `slot` of the database at `database_url` (a `postgres://` URL, TLS as
+    /// its `sslmode` says, with `sslrootcert`), waking the relays `wakeup` wakes.
     pub fn new(database_url: &str, slot: &str, wakeup: &Wakeup) -> Result<Self, WalError> {
-        let url =
-            url::Url::parse(database_url).map_err(|error| WalError::Url(error.to_string()))?;
-        if !matches!(url.scheme(), "postgres" | "postgresql") {
-            return Err(WalError::Url(format!("the scheme is {:?}", url.scheme())));
-        }
-        let decode = |text: &str| {
-            percent_decode(text).map_err(|()| WalError::Url("a part is not UTF-8".into()))
-        };
-        let host = url.host_str().unwrap_or("localhost");
-        let user = decode(url.username())?;
-        let password = decode(url.password().unwrap_or(""))?;
-        let database = decode(url.path().trim_start_matches('/'))?;
-        let query = |name: &str| {
-            url.query_pairs()
-                .find(|(key, _)| key == name)
-                .map(|(_, value)| value.into_owned())
-        };
-        let root = query("sslrootcert").map(std::path::PathBuf::from);
-        let tls = match query("sslmode").as_deref() {
-            None | Some("disable" | "allow" | "prefer") => TlsConfig::disabled(),
-            Some("require") => TlsConfig::require(),
-            Some("verify-ca") => TlsConfig::verify_ca(root),
-            Some("verify-full") => TlsConfig::verify_full(root),
-            Some(other) => return Err(WalError::Url(format!("unknown sslmode {other:?}"))),
-        };
-        let database = if database.is_empty() {
-            user.clone()
-        } else {
-            database
-        };
         let slot = checked_name(slot)?;
-        let replication =
-            ReplicationConfig::new(host, user, password, database, slot.clone(), PUBLICATION)
-                .with_port(url.port().unwrap_or(5432))
-                .with_tls(tls)
-                .with_status_interval(Duration::from_secs(1))
-                .with_application_name(format!("outbox-wal/{slot}"));
         Ok(Self {
-            replication,
+            replication: connect::replication_config(database_url, &slot, PUBLICATION)?,
             slot,
             publication: PUBLICATION.to_owned(),
             wakeup: wakeup.clone(),
@@ -136,46 +113,95 @@ impl WalWakeup {
         Ok(self)
     }
 
-    /// How often a standby instance tries to take over, and a failed stream is started again.
+    /// How often a standby instance tries to take over, and the streaming one pings its
+    /// lock's session; a failed stream is started again after it, doubled for each failure in
+    /// a row up to half a minute.
     #[must_use]
     pub fn retry(mut self, every: Duration) -> Self {
-        self.retry = every;
+        self.retry = every.max(LEAST_RETRY);
         self
     }
 
-    /// Checks what retrying cannot mend, for a service to refuse to start without it: the
-    /// server's `wal_level`, and the publication (created when missing).
+    /// Checks, for a service to refuse to start without them: the server's `wal_level`, the
+    /// publication (created when missing), and that a slot of this name, if any, is a
+    /// `pgoutput` slot of this database.
     pub async fn check(&self, pool: &PgPool) -> Result<(), WalError> {
         let level = storage::wal_level(pool).await?;
         if level != "logical" {
             return Err(WalError::WalLevel(level));
         }
         storage::ensure_publication(pool, &self.publication).await?;
+        let mut conn = pool.acquire().await?;
+        if storage::slot(&mut conn, &self.slot)
+            .await?
+            .is_some_and(|slot| !slot.ours)
+        {
+            return Err(WalError::SlotTaken(self.slot.clone()));
+        }
         Ok(())
     }
 
     /// Streams until `shutdown` (see the module documentation); `pool` is the outbox's
-    /// database. Returns an error only for what [`WalWakeup::check`] finds; it retries the
-    /// rest (the database unreachable or restarted, the slot dropped or lost, another instance
-    /// streaming).
+    /// database. Returns an error only for what retrying cannot mend ([`WalError::WalLevel`],
+    /// [`WalError::SlotTaken`]); it retries the rest: the database unreachable or restarted,
+    /// the slot dropped or lost, another instance streaming.
     pub async fn run(self, pool: PgPool, shutdown: CancellationToken) -> Result<(), WalError> {
-        self.check(&pool).await?;
-        tokio::join!(
-            self.stream_or_stand_by(&pool, &shutdown),
-            self.watch_lag(&pool, &shutdown)
+        let mut failures = 0;
+        loop {
+            match self.check(&pool).await {
+                Ok(()) => break,
+                Err(WalError::Database(error)) => {
+                    tracing::warn!(slot = %self.slot, error = %error, "cannot check the slot; retrying");
+                    failures += 1;
+                    if !self.pause(failures, &shutdown).await {
+                        return Ok(());
+                    }
+                }
+                Err(error) => return Err(error),
+            }
+        }
+        // Ends the lag's watch too when streaming meets what retrying cannot mend.
+        let stop = shutdown.child_token();
+        let (streamed, ()) = tokio::join!(
+            self.stream_or_stand_by(&pool, &stop),
+            self.watch_lag(&pool, &stop)
         );
+        streamed
+    }
+
+    async fn stream_or_stand_by(
+        &self,
+        pool: &PgPool,
+        shutdown: &CancellationToken,
+    ) -> Result<(), WalError> {
+        let mut failures = 0;
+        while !shutdown.is_cancelled() {
+            let error = match self.lead(pool, shutdown).await {
+                Ok(Turn::StoodBy) => continue,
+                Err(LeadError::Fatal(error)) => {
+                    shutdown.cancel();
+                    return Err(error);
+                }
+                Ok(Turn::Streamed(error)) | Err(error) => error,
+            };
+            failures += 1;
+            tracing::warn!(slot = %self.slot, error = %error, "streaming the outbox stopped; retrying");
+            if !self.pause(failures, shutdown).await {
+                break;
+            }
+        }
         Ok(())
     }
 
-    async fn stream_or_stand_by(&self, pool: &PgPool, shutdown: &CancellationToken) {
-        while !shutdown.is_cancelled() {
-            if let Err(error) = self.lead(pool, shutdown).await {
-                tracing::warn!(slot = %self.slot, error = %error, "streaming the outbox stopped; retrying");
-            }
-            tokio::select! {
-                () = shutdown.cancelled() => {}
-                () = tokio::time::sleep(self.retry) => {}
-            }
+    /// Waits before the attempt after `failures` failures in a row; false at `shutdown`.
+    async fn pause(&self, failures: u32, shutdown: &CancellationToken) -> bool {
+        let pause = self
+            .retry
+            .saturating_mul(2_u32.saturating_pow(failures.saturating_sub(1)))
+            .min(MOST_BACKOFF.max(self.retry));
+        tokio::select! {
+            () = shutdown.cancelled() => false,
+            () = tokio::time::sleep(pause) => true,
         }
     }
 
@@ -189,111 +215,9 @@ impl WalWakeup {
                 _ = every.tick() => {}
             }
             match lag_bytes(pool, &self.slot).await {
-                // No slot retains nothing.
+                // Without the slot no WAL is kept for it.
                 Ok(lag) => metrics::gauge!("outbox_wal_lag_bytes").set(lag.unwrap_or(0) as f64),
                 Err(error) => tracing::debug!(error = %error, "cannot read the slot's lag"),
-            }
-        }
-    }
-
-    /// Waits to be the instance that streams, then streams until an error or `shutdown`.
-    async fn lead(&self, pool: &PgPool, shutdown: &CancellationToken) -> Result<(), StreamError> {
-        // The lock lives as long as this connection, which no pool shares.
-        let mut conn = PgConnection::connect_with(&pool.connect_options()).await?;
-        while !storage::try_lock(&mut conn, &self.slot).await? {
-            tokio::select! {
-                () = shutdown.cancelled() => return Ok(()),
-                () = tokio::time::sleep(self.retry) => {}
-            }
-        }
-        self.prepare_slot(&mut conn).await?;
-        // What committed while nobody streamed is in the table: the relays look at once.
-        self.wakeup.committed();
-        let mut client =
-            ReplicationClient::connect(self.replication.clone().with_start_lsn(Lsn(0)))
-                .await
-                .map_err(StreamError::Replication)?;
-        tracing::info!(slot = %self.slot, "streaming the outbox's commits");
-        let streamed = self.stream(&mut client, shutdown).await;
-        client.stop();
-        let _ = client.shutdown().await;
-        let _ = conn.close().await;
-        streamed
-    }
-
-    /// Makes the slot when missing or lost, and ends a stream a previous holder left behind.
-    async fn prepare_slot(&self, conn: &mut PgConnection) -> Result<(), StreamError> {
-        match storage::slot(conn, &self.slot).await? {
-            None => {
-                tracing::info!(slot = %self.slot, "creating the replication slot");
-                storage::create_slot(conn, &self.slot).await?;
-            }
-            Some(slot) if slot.wal_status.as_deref() == Some("lost") => {
-                tracing::warn!(
-                    slot = %self.slot,
-                    "the replication slot lost WAL it needed; making it again (every event is in the outbox table)"
-                );
-                metrics::counter!("outbox_wal_slot_recreated_total").increment(1);
-                storage::drop_slot(conn, &self.slot).await?;
-                storage::create_slot(conn, &self.slot).await?;
-            }
-            Some(slot) => {
-                if let Some(pid) = slot.active_pid {
-                    tracing::warn!(slot = %self.slot, pid, "ending the stream of an instance that lost its lock");
-                    storage::terminate(conn, pid).await?;
-                    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-                    while storage::slot(conn, &self.slot)
-                        .await?
-                        .is_some_and(|slot| slot.active_pid.is_some())
-                    {
-                        if tokio::time::Instant::now() > deadline {
-                            return Err(StreamError::StillStreamed);
-                        }
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                    }
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// Wakes the relays at each commit holding an insert, confirming as it reads.
-    async fn stream(
-        &self,
-        client: &mut ReplicationClient,
-        shutdown: &CancellationToken,
-    ) -> Result<(), StreamError> {
-        let mut inserted = false;
-        // PostgreSQL sends a commit once its record is flushed, which can be a moment before
-        // the transaction is visible to other sessions: a relay woken then may find nothing.
-        // So the relays are woken again once the commits read have surely become visible.
-        let mut again: Option<tokio::time::Instant> = None;
-        loop {
-            let event = tokio::select! {
-                () = shutdown.cancelled() => return Ok(()),
-                () = sleep_until(again) => {
-                    again = None;
-                    self.wakeup.committed();
-                    continue;
-                }
-                event = client.recv() => event.map_err(StreamError::Replication)?,
-            };
-            match event {
-                None => return Err(StreamError::Ended),
-                Some(ReplicationEvent::XLogData { data, .. }) => {
-                    inserted |= data.first() == Some(&b'I');
-                }
-                Some(ReplicationEvent::Commit { end_lsn, .. }) => {
-                    if std::mem::take(&mut inserted) {
-                        self.wakeup.committed();
-                        again.get_or_insert_with(|| tokio::time::Instant::now() + VISIBLE_WITHIN);
-                    }
-                    client.update_applied_lsn(end_lsn);
-                }
-                Some(ReplicationEvent::KeepAlive { wal_end, .. }) => {
-                    client.update_applied_lsn(wal_end);
-                }
-                Some(_) => {}
             }
         }
     }
@@ -303,27 +227,6 @@ impl WalWakeup {
 /// when there is no such slot.
 pub async fn lag_bytes(pool: &PgPool, slot: &str) -> sqlx::Result<Option<i64>> {
     storage::lag_bytes(pool, slot).await
-}
-
-/// Waits until `at`, or forever without one.
-async fn sleep_until(at: Option<tokio::time::Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
-    }
-}
-
-/// Why one stream ended; [`WalWakeup::run`] starts another.
-#[derive(Debug, thiserror::Error)]
-enum StreamError {
-    #[error(transparent)]
-    Database(#[from] sqlx::Error),
-    #[error(transparent)]
-    Replication(pgwire_replication::PgWireError),
-    #[error("the server ended the stream")]
-    Ended,
-    #[error("the slot is still streamed after its holder was ended")]
-    StillStreamed,
 }
 
 /// `name` when it can name a slot or publication here: `a-z`, `0-9` and `_`, at most 63.
@@ -340,47 +243,14 @@ pub fn checked_name(name: &str) -> Result<String, WalError> {
     }
 }
 
-/// A URL part with its `%XX` escapes decoded.
-fn percent_decode(text: &str) -> Result<String, ()> {
-    percent_encoding::percent_decode_str(text)
-        .decode_utf8()
-        .map(std::borrow::Cow::into_owned)
-        .map_err(drop)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn a_url_gives_the_replication_connection() {
-        let wakeup = Wakeup::in_process();
-        let wal = WalWakeup::new(
-            "postgres://relay:p%40ss@db.example:6543/orders?sslmode=require",
-            "orders_relay",
-            &wakeup,
-        )
-        .expect("a good URL");
-        let shown = wal.replication.display_connection();
-        assert!(shown.contains("db.example"), "{shown}");
-        assert!(shown.contains("6543"), "{shown}");
-        assert_eq!(wal.replication.password, "p@ss");
-        assert_eq!(wal.replication.database, "orders");
-        assert!(wal.replication.tls.mode.requires_tls());
-    }
-
-    #[test]
-    fn bad_urls_and_names_are_refused() {
+    fn bad_names_are_refused() {
         let wakeup = Wakeup::in_process();
         let url = "postgres://u@h/db";
-        assert!(matches!(
-            WalWakeup::new("mysql://u@h/db", "s", &wakeup),
-            Err(WalError::Url(_))
-        ));
-        assert!(matches!(
-            WalWakeup::new(&format!("{url}?sslmode=sometimes"), "s", &wakeup),
-            Err(WalError::Url(_))
-        ));
         for name in [
             "",
             "Slot",

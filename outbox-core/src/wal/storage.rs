@@ -39,13 +39,19 @@ pub(super) struct Slot {
     pub(super) active_pid: Option<i32>,
     /// `lost` once the server removed WAL the slot still needed (`max_slot_wal_keep_size`).
     pub(super) wal_status: Option<String>,
+    /// Whether it is a logical slot of this database on `pgoutput`: the only kind the wake-up
+    /// streams, drops or ends the stream of.
+    pub(super) ours: bool,
 }
 
-/// The slot named `name`, if it exists.
+/// The slot named `name`, if it exists (slot names are the server's, not the database's).
 pub(super) async fn slot(conn: &mut PgConnection, name: &str) -> sqlx::Result<Option<Slot>> {
     sqlx::query_as!(
         Slot,
-        "SELECT active_pid, wal_status FROM pg_replication_slots WHERE slot_name = $1",
+        r#"SELECT active_pid, wal_status,
+                  (slot_type = 'logical' AND plugin = 'pgoutput'
+                   AND database = current_database()) AS "ours!"
+           FROM pg_replication_slots WHERE slot_name = $1"#,
         name
     )
     .fetch_optional(conn)
@@ -72,12 +78,17 @@ pub(super) async fn drop_slot(conn: &mut PgConnection, name: &str) -> sqlx::Resu
         .map(drop)
 }
 
-/// Ends the backend `pid`, a walsender streaming a slot for an instance that lost its lock.
-pub(super) async fn terminate(conn: &mut PgConnection, pid: i32) -> sqlx::Result<()> {
-    sqlx::query!("SELECT pg_terminate_backend($1)", pid)
-        .fetch_one(conn)
-        .await
-        .map(drop)
+/// Ends the stream of the slot `name` of this database, if one runs: an instance that lost
+/// its lock left it. Returns whether one did.
+pub(super) async fn end_stream(conn: &mut PgConnection, name: &str) -> sqlx::Result<bool> {
+    sqlx::query_scalar!(
+        r#"SELECT COALESCE(bool_or(pg_terminate_backend(active_pid)), false) AS "ended!"
+           FROM pg_replication_slots
+           WHERE slot_name = $1 AND database = current_database() AND active_pid IS NOT NULL"#,
+        name
+    )
+    .fetch_one(conn)
+    .await
 }
 
 /// Takes the session lock that makes its holder the one instance streaming `slot`, if free.
@@ -94,7 +105,7 @@ pub(super) async fn try_lock(conn: &mut PgConnection, slot: &str) -> sqlx::Resul
 pub(super) async fn lag_bytes(pool: &PgPool, slot: &str) -> sqlx::Result<Option<i64>> {
     sqlx::query_scalar!(
         r#"SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::bigint AS "lag"
-           FROM pg_replication_slots WHERE slot_name = $1"#,
+           FROM pg_replication_slots WHERE slot_name = $1 AND database = current_database()"#,
         slot
     )
     .fetch_optional(pool)

@@ -1,0 +1,223 @@
+//! The instance that streams: it holds the session lock of its slot, makes the slot when
+//! missing or lost, ends a stream another instance left, and wakes the relays at each commit
+//! that inserted into the outbox.
+
+use std::time::Duration;
+
+use pgwire_replication::{Lsn, ReplicationClient, ReplicationEvent};
+use sqlx::postgres::PgConnectOptions;
+use sqlx::{Connection as _, PgConnection, PgPool};
+use tokio::time::{Instant, timeout};
+use tokio_util::sync::CancellationToken;
+
+use super::{WalError, WalWakeup, storage};
+
+/// How long after its commit is read a transaction is taken to be visible to other sessions:
+/// the relays are woken a second time then.
+const VISIBLE_WITHIN: Duration = Duration::from_millis(200);
+
+/// Longest wait for a connection, the stream's start, an answer to the lock session's ping,
+/// and the stream's end after it is asked to stop.
+const ANSWER_WITHIN: Duration = Duration::from_secs(10);
+
+/// The server probes the lock session's peer after this much silence, this often, this many
+/// times: a host cut off loses the lock within their sum rather than the kernel's hours.
+const KEEPALIVE: [(&str, &str); 3] = [
+    ("tcp_keepalives_idle", "10"),
+    ("tcp_keepalives_interval", "5"),
+    ("tcp_keepalives_count", "3"),
+];
+
+/// Why one turn as the streaming instance ended; [`WalWakeup::run`] starts another.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum LeadError {
+    /// What retrying cannot mend: `run` returns it.
+    #[error(transparent)]
+    Fatal(WalError),
+    /// A statement on the lock session failed, or the session did not answer in time.
+    #[error("the database: {0}")]
+    Database(#[from] sqlx::Error),
+    /// The lock session stopped answering: another instance may hold the lock by now.
+    #[error("the lock's session does not answer")]
+    LockLost,
+    /// The replication connection failed or ended.
+    #[error("the replication stream: {0}")]
+    Replication(pgwire_replication::PgWireError),
+    /// The server ended the stream.
+    #[error("the server ended the stream")]
+    Ended,
+    /// Something did not answer within its time.
+    #[error("no answer in time: {0}")]
+    TimedOut(&'static str),
+}
+
+/// Whether the instance is streaming, for the caller's backoff.
+pub(super) enum Turn {
+    /// Another instance holds the lock, or `shutdown` came.
+    StoodBy,
+    /// It streamed until this error.
+    Streamed(LeadError),
+}
+
+impl WalWakeup {
+    /// One turn: waits for the lock (`Ok(Turn::StoodBy)` at `shutdown`), then streams until
+    /// an error or `shutdown`.
+    pub(super) async fn lead(
+        &self,
+        pool: &PgPool,
+        shutdown: &CancellationToken,
+    ) -> Result<Turn, LeadError> {
+        // The lock lives as long as this session, which no pool shares.
+        let options: PgConnectOptions = pool
+            .connect_options()
+            .as_ref()
+            .clone()
+            .options(KEEPALIVE)
+            .application_name(&format!("outbox-wal-lock/{}", self.slot));
+        let mut conn = timeout(ANSWER_WITHIN, PgConnection::connect_with(&options))
+            .await
+            .map_err(|_| LeadError::TimedOut("connecting"))??;
+        while !storage::try_lock(&mut conn, &self.slot).await? {
+            tokio::select! {
+                () = shutdown.cancelled() => return Ok(Turn::StoodBy),
+                () = tokio::time::sleep(self.retry) => {}
+            }
+        }
+        let streamed = tokio::select! {
+            () = shutdown.cancelled() => Ok(()),
+            streamed = self.lead_locked(&mut conn, shutdown) => streamed,
+        };
+        let _ = timeout(ANSWER_WITHIN, conn.close()).await;
+        match streamed {
+            Ok(()) => Ok(Turn::StoodBy),
+            Err(LeadError::Fatal(error)) => Err(LeadError::Fatal(error)),
+            Err(error) => Ok(Turn::Streamed(error)),
+        }
+    }
+
+    async fn lead_locked(
+        &self,
+        conn: &mut PgConnection,
+        shutdown: &CancellationToken,
+    ) -> Result<(), LeadError> {
+        self.prepare_slot(conn).await?;
+        // What committed while nobody streamed is in the table: the relays look at once.
+        self.wakeup.committed();
+        let mut client =
+            ReplicationClient::connect(self.replication.clone().with_start_lsn(Lsn(0)))
+                .await
+                .map_err(LeadError::Replication)?;
+        let streamed = match timeout(ANSWER_WITHIN, client.wait_started()).await {
+            Err(_) => Err(LeadError::TimedOut("starting the stream")),
+            Ok(Err(error)) => Err(LeadError::Replication(error)),
+            Ok(Ok(())) => {
+                tracing::info!(slot = %self.slot, "streaming the outbox's commits");
+                self.stream(&mut client, conn, shutdown).await
+            }
+        };
+        client.stop();
+        if timeout(ANSWER_WITHIN, client.shutdown()).await.is_err() {
+            client.abort();
+        }
+        streamed
+    }
+
+    /// Makes the slot when missing or lost, and ends a stream an instance that lost its lock
+    /// left running. A slot of that name that is not ours (another database's, or another
+    /// kind) is left alone, and fatal.
+    async fn prepare_slot(&self, conn: &mut PgConnection) -> Result<(), LeadError> {
+        match storage::slot(conn, &self.slot).await? {
+            None => {
+                tracing::info!(slot = %self.slot, "creating the replication slot");
+                storage::create_slot(conn, &self.slot).await?;
+            }
+            Some(slot) if !slot.ours => {
+                return Err(LeadError::Fatal(WalError::SlotTaken(self.slot.clone())));
+            }
+            Some(slot) if slot.wal_status.as_deref() == Some("lost") => {
+                tracing::warn!(
+                    slot = %self.slot,
+                    "the replication slot lost WAL it needed; making it again (every event is in the outbox table)"
+                );
+                metrics::counter!("outbox_wal_slot_recreated_total").increment(1);
+                storage::end_stream(conn, &self.slot).await?;
+                storage::drop_slot(conn, &self.slot).await?;
+                storage::create_slot(conn, &self.slot).await?;
+            }
+            Some(slot) if slot.active_pid.is_some() => {
+                tracing::warn!(slot = %self.slot, "ending the stream of an instance that lost its lock");
+                storage::end_stream(conn, &self.slot).await?;
+                let deadline = Instant::now() + ANSWER_WITHIN;
+                while storage::slot(conn, &self.slot)
+                    .await?
+                    .is_some_and(|slot| slot.active_pid.is_some())
+                {
+                    if Instant::now() > deadline {
+                        return Err(LeadError::TimedOut("the previous stream to end"));
+                    }
+                    tokio::time::sleep(self.retry.min(ANSWER_WITHIN) / 10).await;
+                }
+            }
+            Some(_) => {}
+        }
+        Ok(())
+    }
+
+    /// Wakes the relays at each commit holding an insert, confirming as it reads, and stops
+    /// when the lock's session stops answering.
+    async fn stream(
+        &self,
+        client: &mut ReplicationClient,
+        conn: &mut PgConnection,
+        shutdown: &CancellationToken,
+    ) -> Result<(), LeadError> {
+        let mut inserted = false;
+        // PostgreSQL sends a commit once its record is flushed, which is usually a moment
+        // before other sessions see the transaction: a relay woken then may find nothing.
+        // So the relays are woken again a little after the last commit read.
+        let mut again: Option<Instant> = None;
+        let mut ping = tokio::time::interval(self.retry);
+        loop {
+            let event = tokio::select! {
+                () = shutdown.cancelled() => return Ok(()),
+                () = sleep_until(again) => {
+                    again = None;
+                    self.wakeup.committed();
+                    continue;
+                }
+                _ = ping.tick() => {
+                    match timeout(ANSWER_WITHIN, conn.ping()).await {
+                        Ok(Ok(())) => continue,
+                        _ => return Err(LeadError::LockLost),
+                    }
+                }
+                event = client.recv() => event.map_err(LeadError::Replication)?,
+            };
+            match event {
+                None => return Err(LeadError::Ended),
+                Some(ReplicationEvent::XLogData { data, .. }) => {
+                    inserted |= data.first() == Some(&b'I');
+                }
+                Some(ReplicationEvent::Commit { end_lsn, .. }) => {
+                    if std::mem::take(&mut inserted) {
+                        self.wakeup.committed();
+                        again = Some(Instant::now() + VISIBLE_WITHIN);
+                    }
+                    client.update_applied_lsn(end_lsn);
+                }
+                Some(ReplicationEvent::KeepAlive { wal_end, .. }) => {
+                    client.update_applied_lsn(wal_end);
+                }
+                Some(_) => {}
+            }
+        }
+    }
+}
+
+/// Waits until `at`, or forever without one.
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
