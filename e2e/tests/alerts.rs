@@ -136,18 +136,10 @@ async fn every_metric_a_rule_names_is_served() {
     } = stack;
     orders.stop().await;
     billing.stop().await;
-    // A slot keeps its database from being dropped.
     let pool = sqlx::PgPool::connect(&service_kit::testing::database_url(&names.orders_db))
         .await
         .unwrap();
-    e2e::eventually("the slot dropped", Duration::from_secs(10), || async {
-        sqlx::query("SELECT pg_drop_replication_slot($1)")
-            .bind(&slot)
-            .execute(&pool)
-            .await
-            .ok()
-    })
-    .await;
+    jetstream_outbox::testing::drop_slot(&pool, &slot).await;
     pool.close().await;
     names.clean_up().await;
 }

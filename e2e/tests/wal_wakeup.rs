@@ -6,30 +6,13 @@ use std::time::Duration;
 
 use e2e::cluster::{Cluster, Setup};
 use e2e::eventually;
+use jetstream_outbox::testing::{drop_slot, slot_streamed_by};
 use service_kit::testing;
 use sqlx::PgPool;
-
-const SLOT: &str = "e2e_wal_takeover";
 
 /// Within seconds: the standby retries every second, and a killed instance's connections
 /// close with it.
 const TAKEOVER: Duration = Duration::from_secs(10);
-
-/// The backend streaming the slot, once one does.
-async fn streamed_by(pool: &PgPool) -> i32 {
-    eventually("the slot streamed", TAKEOVER, || async {
-        sqlx::query_scalar::<_, Option<i32>>(
-            "SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1",
-        )
-        .bind(SLOT)
-        .fetch_optional(pool)
-        .await
-        .ok()
-        .flatten()
-        .flatten()
-    })
-    .await
-}
 
 /// Another application's order, enqueued with SQL: no relay is told.
 async fn enqueue_elsewhere(pool: &PgPool, order: &str) {
@@ -57,12 +40,14 @@ async fn invoiced(billing: &PgPool, orders: i64) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_streaming_instance_is_replaced_within_seconds() {
+    // Slot names are the server's: each run names its own.
+    let slot: &'static str = testing::unique("e2e_wal").to_lowercase().leak();
     let setup = Setup {
         // Relays poll hourly, so that only the slot can wake one within the test's limits.
-        env: &[
-            ("RELAY_WAL_SLOT", SLOT),
+        env: Vec::leak(vec![
+            ("RELAY_WAL_SLOT", slot),
             ("RELAY_POLL_INTERVAL_MS", "3600000"),
-        ],
+        ]),
         ..Setup::default()
     };
     let mut cluster = Cluster::start_with(1, 1, setup).await;
@@ -70,29 +55,21 @@ async fn a_killed_streaming_instance_is_replaced_within_seconds() {
     let billing = PgPool::connect(&testing::database_url(&cluster.names.billing_db))
         .await
         .expect("billing's database");
-    let first = streamed_by(&orders).await;
-    cluster.start_orders().await;
-
+    let first = slot_streamed_by(&orders, slot).await;
+    // Before the second instance starts, so that its relay's first pass cannot publish it.
     enqueue_elsewhere(&orders, "o-wal-1").await;
     invoiced(&billing, 1).await;
+    cluster.start_orders().await;
     cluster.orders[0].kill().await;
     eventually("the standby streaming", TAKEOVER, || async {
-        (streamed_by(&orders).await != first).then_some(())
+        (slot_streamed_by(&orders, slot).await != first).then_some(())
     })
     .await;
     enqueue_elsewhere(&orders, "o-wal-2").await;
     invoiced(&billing, 2).await;
 
     cluster.orders[1].kill().await;
-    // A slot keeps its database from being dropped.
-    eventually("the slot dropped", TAKEOVER, || async {
-        sqlx::query("SELECT pg_drop_replication_slot($1)")
-            .bind(SLOT)
-            .execute(&orders)
-            .await
-            .ok()
-    })
-    .await;
+    drop_slot(&orders, slot).await;
     billing.close().await;
     cluster.stop().await;
 }

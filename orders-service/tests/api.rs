@@ -729,18 +729,28 @@ async fn a_wal_slot_wakes_the_relay_for_another_applications_commit() {
     })
     .await;
     let limit = std::time::Duration::from_secs(10);
-    testing::eventually("the slot streamed", limit, || async {
-        sqlx::query_scalar::<_, bool>(
-            "SELECT active FROM pg_replication_slots WHERE slot_name = $1",
+    jetstream_outbox::testing::slot_streamed_by(&app.pool, &slot).await;
+    let nats = async_nats::jetstream::new(async_nats::connect(testing::nats_url()).await.unwrap());
+    let published = |count: u64| {
+        let nats = nats.clone();
+        let stream = app.stream.clone();
+        async move {
+            testing::eventually("the events published", limit, || async {
+                let mut stream = nats.get_stream(&stream).await.ok()?;
+                (stream.info().await.ok()?.state.messages == count).then_some(())
+            })
+            .await;
+        }
+    };
+    // An order of its own first: once it is published, the relay's first pass is over.
+    let placed = app
+        .post(
+            "/orders",
+            Some(json!({"customer": "ada", "totalMinor": 100})),
         )
-        .bind(&slot)
-        .fetch_optional(&app.pool)
-        .await
-        .ok()
-        .flatten()
-        .filter(|active| *active)
-    })
-    .await;
+        .await;
+    assert_eq!(placed.status(), StatusCode::CREATED);
+    published(1).await;
     sqlx::query(
         "SELECT outbox_enqueue(gen_random_uuid(), 'order', 'o-elsewhere', 'OrderPlaced', \
          '{\"orderId\": \"o-elsewhere\"}')",
@@ -748,28 +758,16 @@ async fn a_wal_slot_wakes_the_relay_for_another_applications_commit() {
     .execute(&app.pool)
     .await
     .unwrap();
-    let nats = async_nats::jetstream::new(async_nats::connect(testing::nats_url()).await.unwrap());
-    testing::eventually("the event published", limit, || async {
-        let mut stream = nats.get_stream(&app.stream).await.ok()?;
-        (stream.info().await.ok()?.state.messages == 1).then_some(())
-    })
-    .await;
+    published(2).await;
     let stats: Value = app.get("/outbox/stats").await.json().await.unwrap();
     assert!(stats["walLagBytes"].is_i64(), "the slot's lag: {stats}");
     let database = app.database.clone();
     app.running.stop().await;
-    // A slot keeps its database from being dropped. The app closed its pool.
+    // The app closed its pool.
     let pool = PgPool::connect(&testing::database_url(&database))
         .await
         .unwrap();
-    testing::eventually("the slot dropped", limit, || async {
-        sqlx::query("SELECT pg_drop_replication_slot($1)")
-            .bind(&slot)
-            .execute(&pool)
-            .await
-            .ok()
-    })
-    .await;
+    jetstream_outbox::testing::drop_slot(&pool, &slot).await;
     pool.close().await;
     testing::drop_database(&database).await;
     testing::delete_stream(&app.stream).await;

@@ -238,3 +238,39 @@ where
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// How long the replication slot helpers wait.
+const SLOT_WITHIN: Duration = Duration::from_secs(10);
+
+/// The backend streaming the replication slot `slot`, once one does; panics after ten
+/// seconds.
+pub async fn slot_streamed_by(pool: &sqlx::PgPool, slot: &str) -> i32 {
+    let what = format!("the slot {slot} streamed");
+    eventually(&what, SLOT_WITHIN, || async {
+        sqlx::query_scalar::<_, Option<i32>>(
+            "SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1",
+        )
+        .bind(slot)
+        .fetch_optional(pool)
+        .await
+        .ok()
+        .flatten()
+        .flatten()
+    })
+    .await
+}
+
+/// Drops the replication slot `slot` once nothing streams it, for a test that made one: a
+/// slot keeps its database from being dropped, and its WAL on the server's disk. Panics after
+/// ten seconds.
+pub async fn drop_slot(pool: &sqlx::PgPool, slot: &str) {
+    let what = format!("the slot {slot} dropped");
+    eventually(&what, SLOT_WITHIN, || async {
+        sqlx::query("SELECT pg_drop_replication_slot($1)")
+            .bind(slot)
+            .execute(pool)
+            .await
+            .ok()
+    })
+    .await;
+}

@@ -10,7 +10,7 @@ mod common;
 use std::time::Duration;
 
 use common::{TestStream, enqueue, migrate};
-use jetstream_outbox::testing::eventually;
+use jetstream_outbox::testing::{drop_slot, eventually, slot_streamed_by};
 use jetstream_outbox::wal::WalWakeup;
 use jetstream_outbox::{Relay, Wakeup};
 use serde_json::json;
@@ -54,23 +54,7 @@ fn wal_wakeup(
     tokio::spawn(async move { wal.run(pool, shutdown).await.expect("streams") })
 }
 
-/// The backend streaming `slot`, once one does.
-async fn streamed_by(pool: &PgPool, slot: &str) -> i32 {
-    eventually("the slot streamed", AT_ONCE, || async {
-        sqlx::query_scalar::<_, Option<i32>>(
-            "SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1",
-        )
-        .bind(slot)
-        .fetch_optional(pool)
-        .await
-        .ok()
-        .flatten()
-        .flatten()
-    })
-    .await
-}
-
-/// Stops `tasks` and drops the slot, which would keep the test's database from being dropped.
+/// Stops `tasks` and drops the slot.
 async fn finish(
     pool: &PgPool,
     slot: &str,
@@ -81,14 +65,7 @@ async fn finish(
     for task in tasks {
         task.await.expect("the wake-up ends cleanly");
     }
-    eventually("the slot dropped", AT_ONCE, || async {
-        sqlx::query("SELECT pg_drop_replication_slot($1)")
-            .bind(slot)
-            .execute(pool)
-            .await
-            .ok()
-    })
-    .await;
+    drop_slot(pool, slot).await;
 }
 
 async fn published(stream: &TestStream, want: usize) {
@@ -105,7 +82,7 @@ async fn a_commit_told_to_nobody_is_published_at_once(pool: PgPool) {
     let (slot, wakeup, shutdown) = (slot_name(), Wakeup::in_process(), CancellationToken::new());
     sleepy_relay(&pool, &stream, &wakeup, &shutdown);
     let wal = wal_wakeup(&pool, &slot, &wakeup, &shutdown);
-    streamed_by(&pool, &slot).await;
+    slot_streamed_by(&pool, &slot).await;
 
     // `enqueue` commits on its own connection and tells no relay.
     enqueue(&pool, "o1", "OrderPlaced", json!({"orderId": "o1"})).await;
@@ -124,7 +101,7 @@ async fn a_standby_takes_over_when_the_streaming_instance_stops(pool: PgPool) {
     // The first instance streams and wakes nobody; the second stands by, beside the relay.
     let (first_shutdown, shutdown) = (CancellationToken::new(), CancellationToken::new());
     let first = wal_wakeup(&pool, &slot, &Wakeup::in_process(), &first_shutdown);
-    let first_pid = streamed_by(&pool, &slot).await;
+    let first_pid = slot_streamed_by(&pool, &slot).await;
     let wakeup = Wakeup::in_process();
     sleepy_relay(&pool, &stream, &wakeup, &shutdown);
     let second = wal_wakeup(&pool, &slot, &wakeup, &shutdown);
@@ -134,7 +111,7 @@ async fn a_standby_takes_over_when_the_streaming_instance_stops(pool: PgPool) {
     first.await.expect("the first instance ends cleanly");
     // The standby streams, and looks at what committed before it did.
     eventually("the standby streaming", AT_ONCE, || async {
-        let pid = streamed_by(&pool, &slot).await;
+        let pid = slot_streamed_by(&pool, &slot).await;
         (pid != first_pid).then_some(())
     })
     .await;
@@ -154,7 +131,7 @@ async fn a_slot_dropped_under_it_is_made_again(pool: PgPool) {
     let (slot, wakeup, shutdown) = (slot_name(), Wakeup::in_process(), CancellationToken::new());
     sleepy_relay(&pool, &stream, &wakeup, &shutdown);
     let wal = wal_wakeup(&pool, &slot, &wakeup, &shutdown);
-    let before = streamed_by(&pool, &slot).await;
+    let before = slot_streamed_by(&pool, &slot).await;
 
     eventually("the slot dropped by the operator", AT_ONCE, || async {
         sqlx::query(
@@ -174,7 +151,7 @@ async fn a_slot_dropped_under_it_is_made_again(pool: PgPool) {
     .await;
     enqueue(&pool, "o1", "OrderPlaced", json!({"orderId": "o1"})).await;
     eventually("the slot made again and streamed", AT_ONCE, || async {
-        let pid = streamed_by(&pool, &slot).await;
+        let pid = slot_streamed_by(&pool, &slot).await;
         (pid != before).then_some(())
     })
     .await;
@@ -194,26 +171,49 @@ async fn an_instance_that_lost_its_lock_stops_streaming(pool: PgPool) {
     let slot = slot_name();
     let shutdown = CancellationToken::new();
     let first = wal_wakeup(&pool, &slot, &Wakeup::in_process(), &shutdown);
-    let first_pid = streamed_by(&pool, &slot).await;
+    let first_pid = slot_streamed_by(&pool, &slot).await;
     let wakeup = Wakeup::in_process();
     sleepy_relay(&pool, &stream, &wakeup, &shutdown);
     let second = wal_wakeup(&pool, &slot, &wakeup, &shutdown);
 
-    let ended: bool = sqlx::query_scalar(
-        "SELECT pg_terminate_backend(pid) FROM pg_locks
-         WHERE locktype = 'advisory' AND granted AND pid <> pg_backend_pid()
-           AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+    let ended: Vec<bool> = sqlx::query_scalar(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1",
     )
-    .fetch_one(&pool)
+    .bind(format!("outbox-wal-lock/{slot}"))
+    .fetch_all(&pool)
     .await
     .expect("the lock's session ended");
-    assert!(ended);
+    assert_eq!(ended, [true], "one session holds the lock");
     eventually("the standby streaming", AT_ONCE, || async {
-        let pid = streamed_by(&pool, &slot).await;
+        let pid = slot_streamed_by(&pool, &slot).await;
         (pid != first_pid).then_some(())
     })
     .await;
     enqueue(&pool, "o1", "OrderPlaced", json!({"orderId": "o1"})).await;
     published(&stream, 1).await;
     finish(&pool, &slot, shutdown, vec![first, second]).await;
+}
+
+/// A slot of the name that is not this database's `pgoutput` slot (here a physical one, as a
+/// standby's) is refused at the check, and left alone.
+#[sqlx::test(migrations = false)]
+async fn a_slot_of_another_kind_is_refused_and_left_alone(pool: PgPool) {
+    migrate(&pool).await;
+    let slot = slot_name();
+    sqlx::query("SELECT pg_create_physical_replication_slot($1)")
+        .bind(&slot)
+        .execute(&pool)
+        .await
+        .unwrap();
+    let wal = WalWakeup::new(&url_of(&pool), &slot, &Wakeup::in_process()).expect("a good URL");
+    assert!(matches!(
+        wal.check(&pool).await,
+        Err(jetstream_outbox::wal::WalError::SlotTaken(_))
+    ));
+    let run = wal.run(pool.clone(), CancellationToken::new()).await;
+    assert!(
+        matches!(run, Err(jetstream_outbox::wal::WalError::SlotTaken(_))),
+        "{run:?}"
+    );
+    drop_slot(&pool, &slot).await;
 }
