@@ -108,7 +108,8 @@ struct Settings {
     /// Wake the relay from this logical replication slot at each commit that enqueued events,
     /// whichever process made it (a SQL `outbox_enqueue` in another application too); created
     /// when missing. Needs wal_level = logical and a role with REPLICATION. Instances given one
-    /// name share it: one streams, the others stand by and take over. Unset: off.
+    /// name share it: one streams and its relay is woken, the others poll and stand by to take
+    /// over. Unset: off.
     #[arg(long, env = "RELAY_WAL_SLOT", value_parser = wal_slot, help_heading = "Relay")]
     relay_wal_slot: Option<String>,
     /// Published events are kept this many milliseconds (at most 676800000, 188 hours): for
