@@ -11,8 +11,11 @@ use super::WalError;
 const STATUS_INTERVAL: Duration = Duration::from_secs(1);
 
 /// The settings to stream `slot` of the database at `database_url` (a `postgres://` URL),
-/// publication `publication`. TLS follows `sslmode` as libpq and sqlx do (`prefer` when
-/// unset), with `sslrootcert`.
+/// publication `publication`. TLS follows `sslmode` (or sqlx's `ssl-mode`; `prefer` when
+/// unset, `allow` taken as `prefer`), with `sslrootcert` (or `ssl-root-cert`, `ssl-ca`).
+/// What this connection cannot honour is refused rather than ignored: parameters naming
+/// another host, user or client certificate, a Unix socket, no user. The `PG*` environment
+/// variables and a password file are not read.
 pub(super) fn replication_config(
     database_url: &str,
     slot: &str,
@@ -22,24 +25,33 @@ pub(super) fn replication_config(
     if !matches!(url.scheme(), "postgres" | "postgresql") {
         return Err(WalError::Url(format!("the scheme is {:?}", url.scheme())));
     }
-    let query = |name: &str| {
+    // The last of the names libpq and sqlx know a parameter by, as sqlx reads it.
+    let query = |names: &[&str]| {
         url.query_pairs()
-            .find(|(key, _)| key == name)
+            .filter(|(key, _)| names.contains(&key.as_ref()))
+            .last()
             .map(|(_, value)| value.into_owned())
     };
     for unsupported in [
-        "host", "user", "password", "port", "dbname", "sslcert", "sslkey",
+        "host", "hostaddr", "user", "password", "port", "dbname", "sslcert", "sslkey", "ssl-cert",
+        "ssl-key",
     ] {
-        if query(unsupported).is_some() {
+        if query(&[unsupported]).is_some() {
             return Err(WalError::Url(format!(
-                "the parameter {unsupported:?} is not supported: put it in the URL's parts"
+                "the parameter {unsupported:?} is not supported here: put it in the URL's parts"
             )));
         }
     }
-    let host = url.host_str().map_or("localhost", |host| {
+    let host = decoded(url.host_str().map_or("localhost", |host| {
         host.trim_start_matches('[').trim_end_matches(']')
-    });
+    }))?;
+    if host.starts_with('/') {
+        return Err(WalError::Url("a Unix socket is not supported here".into()));
+    }
     let user = decoded(url.username())?;
+    if user.is_empty() {
+        return Err(WalError::Url("the URL names no user".into()));
+    }
     let password = decoded(url.password().unwrap_or(""))?;
     let database = decoded(url.path().trim_start_matches('/'))?;
     let database = if database.is_empty() {
@@ -47,8 +59,14 @@ pub(super) fn replication_config(
     } else {
         database
     };
-    let root = query("sslrootcert").map(PathBuf::from);
-    let tls = match query("sslmode").as_deref() {
+    let root = query(&["sslrootcert", "ssl-root-cert", "ssl-ca"]).map(PathBuf::from);
+    let mode = query(&["sslmode", "ssl-mode"]);
+    if mode.as_deref() == Some("verify-full") && host.parse::<std::net::IpAddr>().is_ok() {
+        return Err(WalError::Url(
+            "sslmode=verify-full needs a host name, not an IP address".into(),
+        ));
+    }
+    let tls = match mode.as_deref() {
         Some("disable") => TlsConfig::disabled(),
         None | Some("allow" | "prefer") => TlsConfig {
             mode: SslMode::Prefer,
@@ -105,6 +123,20 @@ mod tests {
         };
         assert_eq!(mode("postgres://u@[::1]/db"), SslMode::Prefer);
         assert_eq!(mode("postgres://u@h/db?sslmode=disable"), SslMode::Disable);
+        // sqlx's own spelling, and the last one given, as sqlx reads them.
+        assert_eq!(
+            mode("postgres://u@h/db?ssl-mode=verify-full"),
+            SslMode::VerifyFull
+        );
+        assert_eq!(
+            mode("postgres://u@h/db?sslmode=disable&sslmode=require"),
+            SslMode::Require
+        );
+        // sqlx's own parameters are not the replication connection's business.
+        assert_eq!(
+            mode("postgres://u@h/db?statement-cache-capacity=100"),
+            SslMode::Prefer
+        );
         assert_eq!(
             replication_config("postgres://u@[::1]:5433/db", "s", "p")
                 .expect("an IPv6 host")
@@ -119,6 +151,9 @@ mod tests {
             "mysql://u@h/db",
             "postgres://u@h/db?sslmode=sometimes",
             "postgres://u@h/db?host=/var/run/postgresql",
+            "postgres://%2Fvar%2Frun%2Fpostgresql/db",
+            "postgres://h/db",
+            "postgres://u@127.0.0.1/db?sslmode=verify-full",
         ] {
             assert!(
                 matches!(replication_config(url, "s", "p"), Err(WalError::Url(_))),

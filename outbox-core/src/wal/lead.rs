@@ -21,12 +21,19 @@ const VISIBLE_WITHIN: Duration = Duration::from_millis(200);
 const ANSWER_WITHIN: Duration = Duration::from_secs(10);
 
 /// The server probes the lock session's peer after this much silence, this often, this many
-/// times: a host cut off loses the lock within their sum rather than the kernel's hours.
-const KEEPALIVE: [(&str, &str); 3] = [
+/// times, and gives up on data it sent unacknowledged for this many milliseconds: a host cut
+/// off loses the lock within about half a minute rather than the kernel's default hours.
+const KEEPALIVE: [(&str, &str); 4] = [
     ("tcp_keepalives_idle", "10"),
     ("tcp_keepalives_interval", "5"),
     ("tcp_keepalives_count", "3"),
+    ("tcp_user_timeout", "25000"),
 ];
+
+/// The least time between two pings of the lock's session, and between two looks at whether
+/// a stream ended.
+const LEAST_PING: Duration = Duration::from_secs(1);
+const LEAST_LOOK: Duration = Duration::from_millis(50);
 
 /// Why one turn as the streaming instance ended; [`WalWakeup::run`] starts another.
 #[derive(Debug, thiserror::Error)]
@@ -51,12 +58,12 @@ pub(super) enum LeadError {
     TimedOut(&'static str),
 }
 
-/// Whether the instance is streaming, for the caller's backoff.
+/// How a turn ended, for the caller's backoff.
 pub(super) enum Turn {
     /// Another instance holds the lock, or `shutdown` came.
     StoodBy,
-    /// It streamed until this error.
-    Streamed(LeadError),
+    /// It failed before streaming, or streamed until this error: `started` says which.
+    Failed { error: LeadError, started: bool },
 }
 
 impl WalWakeup {
@@ -74,24 +81,24 @@ impl WalWakeup {
             .clone()
             .options(KEEPALIVE)
             .application_name(&format!("outbox-wal-lock/{}", self.slot));
-        let mut conn = timeout(ANSWER_WITHIN, PgConnection::connect_with(&options))
-            .await
-            .map_err(|_| LeadError::TimedOut("connecting"))??;
-        while !storage::try_lock(&mut conn, &self.slot).await? {
+        let mut conn = answered("connecting", PgConnection::connect_with(&options)).await??;
+        loop {
+            let locked = answered("locking", storage::try_lock(&mut conn, &self.slot)).await??;
+            if locked {
+                break;
+            }
             tokio::select! {
                 () = shutdown.cancelled() => return Ok(Turn::StoodBy),
                 () = tokio::time::sleep(self.retry) => {}
             }
         }
-        let streamed = tokio::select! {
-            () = shutdown.cancelled() => Ok(()),
-            streamed = self.lead_locked(&mut conn, shutdown) => streamed,
-        };
+        let mut started = false;
+        let streamed = self.lead_locked(&mut conn, shutdown, &mut started).await;
         let _ = timeout(ANSWER_WITHIN, conn.close()).await;
         match streamed {
             Ok(()) => Ok(Turn::StoodBy),
             Err(LeadError::Fatal(error)) => Err(LeadError::Fatal(error)),
-            Err(error) => Ok(Turn::Streamed(error)),
+            Err(error) => Ok(Turn::Failed { error, started }),
         }
     }
 
@@ -99,22 +106,31 @@ impl WalWakeup {
         &self,
         conn: &mut PgConnection,
         shutdown: &CancellationToken,
+        started: &mut bool,
     ) -> Result<(), LeadError> {
-        self.prepare_slot(conn).await?;
+        tokio::select! {
+            () = shutdown.cancelled() => return Ok(()),
+            prepared = self.prepare_slot(conn) => prepared?,
+        }
         // What committed while nobody streamed is in the table: the relays look at once.
         self.wakeup.committed();
         let mut client =
             ReplicationClient::connect(self.replication.clone().with_start_lsn(Lsn(0)))
                 .await
                 .map_err(LeadError::Replication)?;
-        let streamed = match timeout(ANSWER_WITHIN, client.wait_started()).await {
-            Err(_) => Err(LeadError::TimedOut("starting the stream")),
-            Ok(Err(error)) => Err(LeadError::Replication(error)),
-            Ok(Ok(())) => {
-                tracing::info!(slot = %self.slot, "streaming the outbox's commits");
-                self.stream(&mut client, conn, shutdown).await
-            }
+        let streamed = tokio::select! {
+            () = shutdown.cancelled() => Ok(()),
+            begun = timeout(ANSWER_WITHIN, client.wait_started()) => match begun {
+                Err(_) => Err(LeadError::TimedOut("starting the stream")),
+                Ok(Err(error)) => Err(LeadError::Replication(error)),
+                Ok(Ok(())) => {
+                    *started = true;
+                    tracing::info!(slot = %self.slot, "streaming the outbox's commits");
+                    self.stream(&mut client, conn, shutdown).await
+                }
+            },
         };
+        // Ended here, so that the next holder of the lock finds the slot free.
         client.stop();
         if timeout(ANSWER_WITHIN, client.shutdown()).await.is_err() {
             client.abort();
@@ -140,25 +156,31 @@ impl WalWakeup {
                     "the replication slot lost WAL it needed; making it again (every event is in the outbox table)"
                 );
                 metrics::counter!("outbox_wal_slot_recreated_total").increment(1);
-                storage::end_stream(conn, &self.slot).await?;
+                self.end_stream(conn).await?;
                 storage::drop_slot(conn, &self.slot).await?;
                 storage::create_slot(conn, &self.slot).await?;
             }
             Some(slot) if slot.active_pid.is_some() => {
                 tracing::warn!(slot = %self.slot, "ending the stream of an instance that lost its lock");
-                storage::end_stream(conn, &self.slot).await?;
-                let deadline = Instant::now() + ANSWER_WITHIN;
-                while storage::slot(conn, &self.slot)
-                    .await?
-                    .is_some_and(|slot| slot.active_pid.is_some())
-                {
-                    if Instant::now() > deadline {
-                        return Err(LeadError::TimedOut("the previous stream to end"));
-                    }
-                    tokio::time::sleep(self.retry.min(ANSWER_WITHIN) / 10).await;
-                }
+                self.end_stream(conn).await?;
             }
             Some(_) => {}
+        }
+        Ok(())
+    }
+
+    /// Ends the slot's stream, if one runs, and waits until the server freed the slot.
+    async fn end_stream(&self, conn: &mut PgConnection) -> Result<(), LeadError> {
+        storage::end_stream(conn, &self.slot).await?;
+        let deadline = Instant::now() + ANSWER_WITHIN;
+        while storage::slot(conn, &self.slot)
+            .await?
+            .is_some_and(|slot| slot.active_pid.is_some())
+        {
+            if Instant::now() > deadline {
+                return Err(LeadError::TimedOut("the previous stream to end"));
+            }
+            tokio::time::sleep((self.retry / 10).max(LEAST_LOOK)).await;
         }
         Ok(())
     }
@@ -176,7 +198,8 @@ impl WalWakeup {
         // before other sessions see the transaction: a relay woken then may find nothing.
         // So the relays are woken again a little after the last commit read.
         let mut again: Option<Instant> = None;
-        let mut ping = tokio::time::interval(self.retry);
+        let mut ping = tokio::time::interval(self.retry.max(LEAST_PING));
+        ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             let event = tokio::select! {
                 () = shutdown.cancelled() => return Ok(()),
@@ -220,4 +243,14 @@ async fn sleep_until(at: Option<Instant>) {
         Some(at) => tokio::time::sleep_until(at).await,
         None => std::future::pending().await,
     }
+}
+
+/// `future`'s output, or [`LeadError::TimedOut`] naming `what` after [`ANSWER_WITHIN`].
+pub(super) async fn answered<T>(
+    what: &'static str,
+    future: impl Future<Output = T>,
+) -> Result<T, LeadError> {
+    timeout(ANSWER_WITHIN, future)
+        .await
+        .map_err(|_| LeadError::TimedOut(what))
 }

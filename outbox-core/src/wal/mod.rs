@@ -148,7 +148,11 @@ impl WalWakeup {
     pub async fn run(self, pool: PgPool, shutdown: CancellationToken) -> Result<(), WalError> {
         let mut failures = 0;
         loop {
-            match self.check(&pool).await {
+            let checked = tokio::select! {
+                () = shutdown.cancelled() => return Ok(()),
+                checked = self.check(&pool) => checked,
+            };
+            match checked {
                 Ok(()) => break,
                 Err(WalError::Database(error)) => {
                     tracing::warn!(slot = %self.slot, error = %error, "cannot check the slot; retrying");
@@ -182,7 +186,14 @@ impl WalWakeup {
                     shutdown.cancel();
                     return Err(error);
                 }
-                Ok(Turn::Streamed(error)) | Err(error) => error,
+                Ok(Turn::Failed { error, started }) => {
+                    // A stream that started ends a run of failures.
+                    if started {
+                        failures = 0;
+                    }
+                    error
+                }
+                Err(error) => error,
             };
             failures += 1;
             tracing::warn!(slot = %self.slot, error = %error, "streaming the outbox stopped; retrying");
@@ -209,14 +220,16 @@ impl WalWakeup {
     /// streams keeps its WAL, which is what the gauge is watched for.
     async fn watch_lag(&self, pool: &PgPool, shutdown: &CancellationToken) {
         let mut every = tokio::time::interval(LAG_INTERVAL);
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            tokio::select! {
+            let lag = tokio::select! {
                 () = shutdown.cancelled() => return,
-                _ = every.tick() => {}
-            }
-            match lag_bytes(pool, &self.slot).await {
+                _ = every.tick() => lead::answered("the slot's lag", lag_bytes(pool, &self.slot)).await,
+            };
+            match lag {
                 // Without the slot no WAL is kept for it.
-                Ok(lag) => metrics::gauge!("outbox_wal_lag_bytes").set(lag.unwrap_or(0) as f64),
+                Ok(Ok(lag)) => metrics::gauge!("outbox_wal_lag_bytes").set(lag.unwrap_or(0) as f64),
+                Ok(Err(error)) => tracing::debug!(error = %error, "cannot read the slot's lag"),
                 Err(error) => tracing::debug!(error = %error, "cannot read the slot's lag"),
             }
         }
