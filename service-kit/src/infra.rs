@@ -209,6 +209,10 @@ async fn connect_nats_as(
     security: &NatsSecurity,
     refusals: Option<Refusals>,
 ) -> anyhow::Result<async_nats::Client> {
+    // async-nats builds its TLS on rustls's process-wide provider, which rustls cannot pick
+    // itself once both of its backends are compiled in (jetstream-outbox's `wal` feature
+    // brings the second): ring, as the rest of the workspace uses. Installed once.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let servers: Vec<async_nats::ServerAddr> = urls
         .split(',')
         .map(str::trim)

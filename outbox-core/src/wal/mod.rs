@@ -34,6 +34,11 @@
 //! failover slots) leaves it behind: the wake-up makes it again on the new primary, as after
 //! a drop.
 
+//! The feature compiles rustls's `aws-lc-rs` backend (through `pgwire-replication`'s TLS)
+//! beside the `ring` one of `async-nats` and sqlx; rustls then picks no process-wide provider
+//! by itself, and a client built on it, such as async-nats over TLS, panics. A program with
+//! the feature installs one first: `rustls::crypto::ring::default_provider().install_default()`.
+
 mod connect;
 mod lead;
 mod storage;
