@@ -255,6 +255,8 @@ async fn postgres_restarted_immediately_under_load() {
 /// sharing it): the slot survives the crash and is streamed again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_restarted_immediately_under_load_with_a_wal_slot() {
+    // The setting is off by default; this scenario is its crash recovery. The name is this
+    // test's own: the scenario's PostgreSQL is too.
     postgres_restarted_immediately(&[("RELAY_WAL_SLOT", "e2e_restarted")]).await;
 }
 

@@ -43,7 +43,8 @@ async fn a_killed_streaming_instance_is_replaced_within_seconds() {
     // Slot names are the server's: each run names its own.
     let slot: &'static str = testing::unique("e2e_wal").to_lowercase().leak();
     let setup = Setup {
-        // Relays poll hourly, so that only the slot can wake one within the test's limits.
+        // The setting under test (off by default), and relays that poll hourly, so that only
+        // the slot can wake one within the test's limits.
         env: Vec::leak(vec![
             ("RELAY_WAL_SLOT", slot),
             ("RELAY_POLL_INTERVAL_MS", "3600000"),
