@@ -92,6 +92,12 @@ async fn every_metric_a_rule_names_is_served() {
     // With a replication slot, so that its lag is served too.
     let slot = service_kit::testing::unique("alerts_wal").to_lowercase();
     let stack = Stack::start_with(|config| config.relay_wal_slot = Some(slot.clone())).await;
+    let slot = jetstream_outbox::testing::SlotGuard::new(
+        &service_kit::testing::database_url(&stack.names.orders_db)
+            .parse()
+            .expect("a database URL"),
+        &slot,
+    );
     let client = reqwest::Client::new();
     let answer = client
         .post(format!("{}/orders", stack.orders.url))
@@ -136,11 +142,7 @@ async fn every_metric_a_rule_names_is_served() {
     } = stack;
     orders.stop().await;
     billing.stop().await;
-    let pool = sqlx::PgPool::connect(&service_kit::testing::database_url(&names.orders_db))
-        .await
-        .unwrap();
-    jetstream_outbox::testing::drop_slot(&pool, &slot).await;
-    pool.close().await;
+    drop(slot);
     names.clean_up().await;
 }
 

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use e2e::cluster::{Cluster, Setup};
 use e2e::eventually;
-use jetstream_outbox::testing::{drop_slot, slot_streamed_by};
+use jetstream_outbox::testing::{SlotGuard, slot_streamed_by};
 use service_kit::testing;
 use sqlx::PgPool;
 
@@ -53,6 +53,7 @@ async fn a_killed_streaming_instance_is_replaced_within_seconds() {
     };
     let mut cluster = Cluster::start_with(1, 1, setup).await;
     let orders = cluster.orders_pool().clone();
+    let slot_guard = SlotGuard::new(&orders.connect_options(), slot);
     let billing = PgPool::connect(&testing::database_url(&cluster.names.billing_db))
         .await
         .expect("billing's database");
@@ -70,7 +71,7 @@ async fn a_killed_streaming_instance_is_replaced_within_seconds() {
     invoiced(&billing, 2).await;
 
     cluster.orders[1].kill().await;
-    drop_slot(&orders, slot).await;
+    drop(slot_guard);
     billing.close().await;
     cluster.stop().await;
 }

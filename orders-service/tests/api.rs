@@ -728,8 +728,9 @@ async fn a_wal_slot_wakes_the_relay_for_another_applications_commit() {
         config.relay.poll_interval = std::time::Duration::from_secs(3600);
     })
     .await;
+    let slot = jetstream_outbox::testing::SlotGuard::new(&app.pool.connect_options(), &slot);
     let limit = std::time::Duration::from_secs(10);
-    jetstream_outbox::testing::slot_streamed_by(&app.pool, &slot).await;
+    jetstream_outbox::testing::slot_streamed_by(&app.pool, slot.name()).await;
     let nats = async_nats::jetstream::new(async_nats::connect(testing::nats_url()).await.unwrap());
     let published = |count: u64| {
         let nats = nats.clone();
@@ -763,12 +764,7 @@ async fn a_wal_slot_wakes_the_relay_for_another_applications_commit() {
     assert!(stats["walLagBytes"].is_i64(), "the slot's lag: {stats}");
     let database = app.database.clone();
     app.running.stop().await;
-    // The app closed its pool.
-    let pool = PgPool::connect(&testing::database_url(&database))
-        .await
-        .unwrap();
-    jetstream_outbox::testing::drop_slot(&pool, &slot).await;
-    pool.close().await;
+    drop(slot);
     testing::drop_database(&database).await;
     testing::delete_stream(&app.stream).await;
 }

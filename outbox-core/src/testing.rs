@@ -260,17 +260,95 @@ pub async fn slot_streamed_by(pool: &sqlx::PgPool, slot: &str) -> i32 {
     .await
 }
 
-/// Drops the replication slot `slot` once nothing streams it, for a test that made one: a
-/// slot keeps its database from being dropped, and its WAL on the server's disk. Panics after
-/// ten seconds.
-pub async fn drop_slot(pool: &sqlx::PgPool, slot: &str) {
-    let what = format!("the slot {slot} dropped");
-    eventually(&what, SLOT_WITHIN, || async {
-        sqlx::query("SELECT pg_drop_replication_slot($1)")
+/// Drops a test's replication slot when it goes out of scope, also when the test panics: a
+/// slot left behind keeps its database from being dropped, and WAL on the server's disk until
+/// someone drops it.
+///
+/// Drop it before dropping the slot's database. It waits up to ten seconds for nothing to
+/// stream the slot, and panics if it is still there then; in a test already panicking it ends
+/// whatever streams the slot instead, and only says when it could not drop it.
+#[derive(Debug)]
+pub struct SlotGuard {
+    options: sqlx::postgres::PgConnectOptions,
+    slot: String,
+}
+
+impl SlotGuard {
+    /// Guards the slot `slot` of the database `options` connect to.
+    pub fn new(options: &sqlx::postgres::PgConnectOptions, slot: &str) -> Self {
+        Self {
+            options: options.clone(),
+            slot: slot.to_owned(),
+        }
+    }
+
+    /// The slot's name.
+    pub fn name(&self) -> &str {
+        &self.slot
+    }
+}
+
+impl Drop for SlotGuard {
+    fn drop(&mut self) {
+        let (options, slot) = (self.options.clone(), std::mem::take(&mut self.slot));
+        let panicking = std::thread::panicking();
+        // Drop runs on the test's runtime, which may be unwinding: the slot is dropped from a
+        // thread and a runtime of its own.
+        let dropped = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|error| error.to_string())?;
+            runtime.block_on(drop_slot_within(&options, &slot, panicking))
+        })
+        .join()
+        .unwrap_or_else(|_| Err("the thread dropping it panicked".to_owned()));
+        if let Err(error) = dropped {
+            assert!(
+                panicking,
+                "the test's replication slot was not dropped: {error}"
+            );
+            eprintln!("the test's replication slot was not dropped: {error}");
+        }
+    }
+}
+
+/// Drops `slot` once nothing streams it; with `end_streams`, ends what streams it.
+async fn drop_slot_within(
+    options: &sqlx::postgres::PgConnectOptions,
+    slot: &str,
+    end_streams: bool,
+) -> Result<(), String> {
+    use sqlx::Connection as _;
+    let mut conn = sqlx::PgConnection::connect_with(options)
+        .await
+        .map_err(|error| error.to_string())?;
+    let deadline = Instant::now() + SLOT_WITHIN;
+    loop {
+        if end_streams {
+            sqlx::query(
+                "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots
+                 WHERE slot_name = $1 AND active_pid IS NOT NULL",
+            )
             .bind(slot)
-            .execute(pool)
+            .execute(&mut conn)
             .await
-            .ok()
-    })
-    .await;
+            .map_err(|error| error.to_string())?;
+        }
+        // Fails while a session streams the slot.
+        let dropped = sqlx::query(
+            "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots
+             WHERE slot_name = $1",
+        )
+        .bind(slot)
+        .execute(&mut conn)
+        .await;
+        match dropped {
+            Ok(_) => return Ok(()),
+            Err(error) if Instant::now() > deadline => {
+                return Err(format!("{slot}: {error}"));
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    }
 }

@@ -10,7 +10,7 @@ mod common;
 use std::time::Duration;
 
 use common::{TestStream, enqueue, migrate};
-use jetstream_outbox::testing::{drop_slot, eventually, slot_streamed_by};
+use jetstream_outbox::testing::{SlotGuard, eventually, slot_streamed_by};
 use jetstream_outbox::wal::WalWakeup;
 use jetstream_outbox::{Relay, Wakeup};
 use serde_json::json;
@@ -36,8 +36,10 @@ fn url_of(pool: &PgPool) -> String {
     url.to_string()
 }
 
-fn slot_name() -> String {
-    format!("t{}", &uuid::Uuid::new_v4().simple().to_string()[..12])
+/// A slot name of the test's own, dropped with the guard.
+fn slot_of(pool: &PgPool) -> SlotGuard {
+    let name = format!("t{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+    SlotGuard::new(&pool.connect_options(), &name)
 }
 
 /// Streams `slot` for `wakeup` until `shutdown`, retrying quickly.
@@ -54,18 +56,13 @@ fn wal_wakeup(
     tokio::spawn(async move { wal.run(pool, shutdown).await.expect("streams") })
 }
 
-/// Stops `tasks` and drops the slot.
-async fn finish(
-    pool: &PgPool,
-    slot: &str,
-    shutdown: CancellationToken,
-    tasks: Vec<JoinHandle<()>>,
-) {
+/// Stops `tasks`, then drops the slot (once its stream ends).
+async fn finish(slot: SlotGuard, shutdown: CancellationToken, tasks: Vec<JoinHandle<()>>) {
     shutdown.cancel();
     for task in tasks {
         task.await.expect("the wake-up ends cleanly");
     }
-    drop_slot(pool, slot).await;
+    drop(slot);
 }
 
 async fn published(stream: &TestStream, want: usize) {
@@ -79,10 +76,11 @@ async fn published(stream: &TestStream, want: usize) {
 async fn a_commit_told_to_nobody_is_published_at_once(pool: PgPool) {
     migrate(&pool).await;
     let stream = TestStream::new().await;
-    let (slot, wakeup, shutdown) = (slot_name(), Wakeup::in_process(), CancellationToken::new());
+    let slot = slot_of(&pool);
+    let (wakeup, shutdown) = (Wakeup::in_process(), CancellationToken::new());
     sleepy_relay(&pool, &stream, &wakeup, &shutdown);
-    let wal = wal_wakeup(&pool, &slot, &wakeup, &shutdown);
-    slot_streamed_by(&pool, &slot).await;
+    let wal = wal_wakeup(&pool, slot.name(), &wakeup, &shutdown);
+    slot_streamed_by(&pool, slot.name()).await;
 
     // `enqueue` commits on its own connection and tells no relay.
     enqueue(&pool, "o1", "OrderPlaced", json!({"orderId": "o1"})).await;
@@ -90,28 +88,28 @@ async fn a_commit_told_to_nobody_is_published_at_once(pool: PgPool) {
     enqueue(&pool, "o1", "OrderPaid", json!({"orderId": "o1"})).await;
     published(&stream, 2).await;
     assert_eq!(stream.published().await, ["o1:OrderPlaced", "o1:OrderPaid"]);
-    finish(&pool, &slot, shutdown, vec![wal]).await;
+    finish(slot, shutdown, vec![wal]).await;
 }
 
 #[sqlx::test(migrations = false)]
 async fn a_standby_takes_over_when_the_streaming_instance_stops(pool: PgPool) {
     migrate(&pool).await;
     let stream = TestStream::new().await;
-    let slot = slot_name();
+    let slot = slot_of(&pool);
     // The first instance streams and wakes nobody; the second stands by, beside the relay.
     let (first_shutdown, shutdown) = (CancellationToken::new(), CancellationToken::new());
-    let first = wal_wakeup(&pool, &slot, &Wakeup::in_process(), &first_shutdown);
-    let first_pid = slot_streamed_by(&pool, &slot).await;
+    let first = wal_wakeup(&pool, slot.name(), &Wakeup::in_process(), &first_shutdown);
+    let first_pid = slot_streamed_by(&pool, slot.name()).await;
     let wakeup = Wakeup::in_process();
     sleepy_relay(&pool, &stream, &wakeup, &shutdown);
-    let second = wal_wakeup(&pool, &slot, &wakeup, &shutdown);
+    let second = wal_wakeup(&pool, slot.name(), &wakeup, &shutdown);
 
     enqueue(&pool, "o1", "OrderPlaced", json!({"orderId": "o1"})).await;
     first_shutdown.cancel();
     first.await.expect("the first instance ends cleanly");
     // The standby streams, and looks at what committed before it did.
     eventually("the standby streaming", AT_ONCE, || async {
-        let pid = slot_streamed_by(&pool, &slot).await;
+        let pid = slot_streamed_by(&pool, slot.name()).await;
         (pid != first_pid).then_some(())
     })
     .await;
@@ -119,7 +117,7 @@ async fn a_standby_takes_over_when_the_streaming_instance_stops(pool: PgPool) {
     enqueue(&pool, "o1", "OrderPaid", json!({"orderId": "o1"})).await;
     published(&stream, 2).await;
     assert_eq!(stream.published().await, ["o1:OrderPlaced", "o1:OrderPaid"]);
-    finish(&pool, &slot, shutdown, vec![second]).await;
+    finish(slot, shutdown, vec![second]).await;
 }
 
 /// An operator drops the slot (or a failover leaves it behind): the wake-up makes it again,
@@ -128,22 +126,23 @@ async fn a_standby_takes_over_when_the_streaming_instance_stops(pool: PgPool) {
 async fn a_slot_dropped_under_it_is_made_again(pool: PgPool) {
     migrate(&pool).await;
     let stream = TestStream::new().await;
-    let (slot, wakeup, shutdown) = (slot_name(), Wakeup::in_process(), CancellationToken::new());
+    let slot = slot_of(&pool);
+    let (wakeup, shutdown) = (Wakeup::in_process(), CancellationToken::new());
     sleepy_relay(&pool, &stream, &wakeup, &shutdown);
-    let wal = wal_wakeup(&pool, &slot, &wakeup, &shutdown);
-    let before = slot_streamed_by(&pool, &slot).await;
+    let wal = wal_wakeup(&pool, slot.name(), &wakeup, &shutdown);
+    let before = slot_streamed_by(&pool, slot.name()).await;
 
     eventually("the slot dropped by the operator", AT_ONCE, || async {
         sqlx::query(
             "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots
              WHERE slot_name = $1 AND active_pid IS NOT NULL",
         )
-        .bind(&slot)
+        .bind(slot.name())
         .execute(&pool)
         .await
         .ok()?;
         sqlx::query("SELECT pg_drop_replication_slot($1)")
-            .bind(&slot)
+            .bind(slot.name())
             .execute(&pool)
             .await
             .ok()
@@ -151,14 +150,14 @@ async fn a_slot_dropped_under_it_is_made_again(pool: PgPool) {
     .await;
     enqueue(&pool, "o1", "OrderPlaced", json!({"orderId": "o1"})).await;
     eventually("the slot made again and streamed", AT_ONCE, || async {
-        let pid = slot_streamed_by(&pool, &slot).await;
+        let pid = slot_streamed_by(&pool, slot.name()).await;
         (pid != before).then_some(())
     })
     .await;
     published(&stream, 1).await;
     enqueue(&pool, "o1", "OrderPaid", json!({"orderId": "o1"})).await;
     published(&stream, 2).await;
-    finish(&pool, &slot, shutdown, vec![wal]).await;
+    finish(slot, shutdown, vec![wal]).await;
 }
 
 /// The streaming instance's lock session dies (its host cut off, say) while its stream runs
@@ -168,30 +167,30 @@ async fn a_slot_dropped_under_it_is_made_again(pool: PgPool) {
 async fn an_instance_that_lost_its_lock_stops_streaming(pool: PgPool) {
     migrate(&pool).await;
     let stream = TestStream::new().await;
-    let slot = slot_name();
+    let slot = slot_of(&pool);
     let shutdown = CancellationToken::new();
-    let first = wal_wakeup(&pool, &slot, &Wakeup::in_process(), &shutdown);
-    let first_pid = slot_streamed_by(&pool, &slot).await;
+    let first = wal_wakeup(&pool, slot.name(), &Wakeup::in_process(), &shutdown);
+    let first_pid = slot_streamed_by(&pool, slot.name()).await;
     let wakeup = Wakeup::in_process();
     sleepy_relay(&pool, &stream, &wakeup, &shutdown);
-    let second = wal_wakeup(&pool, &slot, &wakeup, &shutdown);
+    let second = wal_wakeup(&pool, slot.name(), &wakeup, &shutdown);
 
     let ended: Vec<bool> = sqlx::query_scalar(
         "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1",
     )
-    .bind(format!("outbox-wal-lock/{slot}"))
+    .bind(format!("outbox-wal-lock/{}", slot.name()))
     .fetch_all(&pool)
     .await
     .expect("the lock's session ended");
     assert_eq!(ended, [true], "one session holds the lock");
     eventually("the standby streaming", AT_ONCE, || async {
-        let pid = slot_streamed_by(&pool, &slot).await;
+        let pid = slot_streamed_by(&pool, slot.name()).await;
         (pid != first_pid).then_some(())
     })
     .await;
     enqueue(&pool, "o1", "OrderPlaced", json!({"orderId": "o1"})).await;
     published(&stream, 1).await;
-    finish(&pool, &slot, shutdown, vec![first, second]).await;
+    finish(slot, shutdown, vec![first, second]).await;
 }
 
 /// A slot of the name that is not this database's `pgoutput` slot (here a physical one, as a
@@ -199,13 +198,14 @@ async fn an_instance_that_lost_its_lock_stops_streaming(pool: PgPool) {
 #[sqlx::test(migrations = false)]
 async fn a_slot_of_another_kind_is_refused_and_left_alone(pool: PgPool) {
     migrate(&pool).await;
-    let slot = slot_name();
+    let slot = slot_of(&pool);
     sqlx::query("SELECT pg_create_physical_replication_slot($1)")
-        .bind(&slot)
+        .bind(slot.name())
         .execute(&pool)
         .await
         .unwrap();
-    let wal = WalWakeup::new(&url_of(&pool), &slot, &Wakeup::in_process()).expect("a good URL");
+    let wal =
+        WalWakeup::new(&url_of(&pool), slot.name(), &Wakeup::in_process()).expect("a good URL");
     assert!(matches!(
         wal.check(&pool).await,
         Err(jetstream_outbox::wal::WalError::SlotTaken(_))
@@ -215,5 +215,5 @@ async fn a_slot_of_another_kind_is_refused_and_left_alone(pool: PgPool) {
         matches!(run, Err(jetstream_outbox::wal::WalError::SlotTaken(_))),
         "{run:?}"
     );
-    drop_slot(&pool, &slot).await;
+    drop(slot);
 }
