@@ -51,9 +51,11 @@ async fn a_killed_streaming_instance_is_replaced_within_seconds() {
         ]),
         ..Setup::default()
     };
-    let mut cluster = Cluster::start_with(1, 1, setup).await;
+    let cluster = Cluster::start_with(1, 1, setup).await;
     let orders = cluster.orders_pool().clone();
     let slot_guard = SlotGuard::new(&orders.connect_options(), slot);
+    // Dropped before the guard, on a panic too: no instance is left to make the slot again.
+    let mut cluster = cluster;
     let billing = PgPool::connect(&testing::database_url(&cluster.names.billing_db))
         .await
         .expect("billing's database");

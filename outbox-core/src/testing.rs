@@ -267,7 +267,7 @@ pub async fn slot_streamed_by(pool: &sqlx::PgPool, slot: &str) -> i32 {
 /// Drop it before dropping the slot's database. It waits up to ten seconds for nothing to
 /// stream the slot, and panics if it is still there then; in a test already panicking it ends
 /// whatever streams the slot instead, and only says when it could not drop it.
-#[derive(Debug)]
+#[must_use = "the slot is dropped when the guard is"]
 pub struct SlotGuard {
     options: sqlx::postgres::PgConnectOptions,
     slot: String,
@@ -285,6 +285,15 @@ impl SlotGuard {
     /// The slot's name.
     pub fn name(&self) -> &str {
         &self.slot
+    }
+}
+
+impl std::fmt::Debug for SlotGuard {
+    // The connect options hold the password.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SlotGuard")
+            .field("slot", &self.slot)
+            .finish_non_exhaustive()
     }
 }
 
