@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use e2e::cluster::{Cluster, Setup};
 use e2e::eventually;
-use jetstream_outbox::testing::{SlotGuard, slot_streamed_by};
+use jetstream_outbox::testing::{SlotGuard, slot_streamed_by, slot_streamed_by_another};
 use service_kit::testing;
 use sqlx::PgPool;
 
@@ -65,10 +65,7 @@ async fn a_killed_streaming_instance_is_replaced_within_seconds() {
     invoiced(&billing, 1).await;
     cluster.start_orders().await;
     cluster.orders[0].kill().await;
-    eventually("the standby streaming", TAKEOVER, || async {
-        (slot_streamed_by(&orders, slot).await != first).then_some(())
-    })
-    .await;
+    slot_streamed_by_another(&orders, slot, first).await;
     enqueue_elsewhere(&orders, "o-wal-2").await;
     invoiced(&billing, 2).await;
 

@@ -246,18 +246,30 @@ const SLOT_WITHIN: Duration = Duration::from_secs(10);
 /// seconds.
 pub async fn slot_streamed_by(pool: &sqlx::PgPool, slot: &str) -> i32 {
     let what = format!("the slot {slot} streamed");
+    eventually(&what, SLOT_WITHIN, || streamer(pool, slot)).await
+}
+
+/// The backend streaming the replication slot `slot` once it is another than `previous`
+/// (a standby took over, or the slot was made again); panics after ten seconds.
+pub async fn slot_streamed_by_another(pool: &sqlx::PgPool, slot: &str, previous: i32) -> i32 {
+    let what = format!("the slot {slot} streamed by another backend than {previous}");
     eventually(&what, SLOT_WITHIN, || async {
-        sqlx::query_scalar::<_, Option<i32>>(
-            "SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1",
-        )
-        .bind(slot)
-        .fetch_optional(pool)
-        .await
-        .ok()
-        .flatten()
-        .flatten()
+        streamer(pool, slot).await.filter(|pid| *pid != previous)
     })
     .await
+}
+
+/// The backend streaming `slot` now, if any.
+async fn streamer(pool: &sqlx::PgPool, slot: &str) -> Option<i32> {
+    sqlx::query_scalar::<_, Option<i32>>(
+        "SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1",
+    )
+    .bind(slot)
+    .fetch_optional(pool)
+    .await
+    .ok()
+    .flatten()
+    .flatten()
 }
 
 /// Drops a test's replication slot when it goes out of scope, also when the test panics: a

@@ -10,7 +10,9 @@ mod common;
 use std::time::Duration;
 
 use common::{TestStream, enqueue, migrate};
-use jetstream_outbox::testing::{SlotGuard, eventually, slot_streamed_by};
+use jetstream_outbox::testing::{
+    SlotGuard, eventually, slot_streamed_by, slot_streamed_by_another,
+};
 use jetstream_outbox::wal::WalWakeup;
 use jetstream_outbox::{Relay, Wakeup};
 use serde_json::json;
@@ -108,11 +110,7 @@ async fn a_standby_takes_over_when_the_streaming_instance_stops(pool: PgPool) {
     first_shutdown.cancel();
     first.await.expect("the first instance ends cleanly");
     // The standby streams, and looks at what committed before it did.
-    eventually("the standby streaming", AT_ONCE, || async {
-        let pid = slot_streamed_by(&pool, slot.name()).await;
-        (pid != first_pid).then_some(())
-    })
-    .await;
+    slot_streamed_by_another(&pool, slot.name(), first_pid).await;
     published(&stream, 1).await;
     enqueue(&pool, "o1", "OrderPaid", json!({"orderId": "o1"})).await;
     published(&stream, 2).await;
@@ -149,11 +147,7 @@ async fn a_slot_dropped_under_it_is_made_again(pool: PgPool) {
     })
     .await;
     enqueue(&pool, "o1", "OrderPlaced", json!({"orderId": "o1"})).await;
-    eventually("the slot made again and streamed", AT_ONCE, || async {
-        let pid = slot_streamed_by(&pool, slot.name()).await;
-        (pid != before).then_some(())
-    })
-    .await;
+    slot_streamed_by_another(&pool, slot.name(), before).await;
     published(&stream, 1).await;
     enqueue(&pool, "o1", "OrderPaid", json!({"orderId": "o1"})).await;
     published(&stream, 2).await;
@@ -183,11 +177,7 @@ async fn an_instance_that_lost_its_lock_stops_streaming(pool: PgPool) {
     .await
     .expect("the lock's session ended");
     assert_eq!(ended, [true], "one session holds the lock");
-    eventually("the standby streaming", AT_ONCE, || async {
-        let pid = slot_streamed_by(&pool, slot.name()).await;
-        (pid != first_pid).then_some(())
-    })
-    .await;
+    slot_streamed_by_another(&pool, slot.name(), first_pid).await;
     enqueue(&pool, "o1", "OrderPlaced", json!({"orderId": "o1"})).await;
     published(&stream, 1).await;
     finish(slot, shutdown, vec![first, second]).await;

@@ -33,7 +33,7 @@
 //! A failover to a standby that has no copy of the slot (PostgreSQL copies none before its
 //! failover slots) leaves it behind: the wake-up makes it again on the new primary, as after
 //! a drop.
-
+//!
 //! The feature compiles rustls's `aws-lc-rs` backend (through `pgwire-replication`'s TLS)
 //! beside the `ring` one of `async-nats` and sqlx; rustls then picks no process-wide provider
 //! by itself, and a client built on it, such as async-nats over TLS, panics. A program with
