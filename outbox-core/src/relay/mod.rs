@@ -168,6 +168,8 @@ pub struct Relay<P> {
     outage: AtomicU32,
     /// Changes when code of this process committed events ([`Relay::with_wakeup`]).
     woken: Option<tokio::sync::watch::Receiver<u64>>,
+    /// Where the relay notes what it claims, so that a wake-up for those events is left out.
+    wakeup: Option<Wakeup>,
     /// The highest stream sequence acknowledged to this relay (or found at a check): a later
     /// acknowledgement at or below it means the stream lost messages.
     acked_high: AtomicU64,
@@ -195,6 +197,7 @@ impl<P: Publisher> Relay<P> {
             config,
             outage: AtomicU32::new(0),
             woken: None,
+            wakeup: None,
             acked_high: AtomicU64::new(0),
             watch: None,
             storage_full: AtomicBool::new(false),
@@ -217,6 +220,7 @@ impl<P: Publisher> Relay<P> {
     #[must_use]
     pub fn with_wakeup(mut self, wakeup: &Wakeup) -> Self {
         self.woken = Some(wakeup.subscribe());
+        self.wakeup = Some(wakeup.clone());
         self
     }
 

@@ -10,11 +10,9 @@ use sqlx::{Connection as _, PgConnection, PgPool};
 use tokio::time::{Instant, timeout};
 use tokio_util::sync::CancellationToken;
 
+use super::insert::Inserted;
+use super::pending::Pending;
 use super::{WalError, WalWakeup, storage};
-
-/// How long after its commit is read a transaction is taken to be visible to other sessions:
-/// the relays are woken a second time then.
-const VISIBLE_WITHIN: Duration = Duration::from_millis(200);
 
 /// Longest wait for a connection, the stream's start, an answer to the lock session's ping,
 /// and the stream's end after it is asked to stop.
@@ -185,27 +183,43 @@ impl WalWakeup {
         Ok(())
     }
 
-    /// Wakes the relays at each commit holding an insert, confirming as it reads, and stops
-    /// when the lock's session stops answering.
+    /// Wakes the relays at each commit holding an insert that they did not claim (see
+    /// [`Pending`]), confirming as it reads, and stops when the lock's session stops answering.
     async fn stream(
         &self,
         client: &mut ReplicationClient,
         conn: &mut PgConnection,
         shutdown: &CancellationToken,
     ) -> Result<(), LeadError> {
-        let mut inserted = false;
-        // PostgreSQL sends a commit once its record is flushed, which is usually a moment
-        // before other sessions see the transaction: a relay woken then may find nothing.
-        // So the relays are woken again a little after the last commit read.
-        let mut again: Option<Instant> = None;
+        let mut pending = Pending::default();
+        let streamed = self.stream_into(client, conn, shutdown, &mut pending).await;
+        // Confirmed already, those commits will not be read again: the relays look now.
+        if pending.any() {
+            self.wakeup.committed();
+        }
+        streamed
+    }
+
+    async fn stream_into(
+        &self,
+        client: &mut ReplicationClient,
+        conn: &mut PgConnection,
+        shutdown: &CancellationToken,
+        pending: &mut Pending,
+    ) -> Result<(), LeadError> {
+        let mut inserted = Inserted::default();
+        let mut ended = self.wakeup.claims_ended();
         let mut ping = tokio::time::interval(self.retry.max(LEAST_PING));
         ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             let event = tokio::select! {
                 () = shutdown.cancelled() => return Ok(()),
-                () = sleep_until(again) => {
-                    again = None;
-                    self.wakeup.committed();
+                () = sleep_until(pending.next_look()) => {
+                    pending.look_again(&self.wakeup, Instant::now());
+                    continue;
+                }
+                _ = ended.changed(), if pending.waiting() => {
+                    pending.claim_ended(&self.wakeup);
                     continue;
                 }
                 _ = ping.tick() => {
@@ -218,13 +232,12 @@ impl WalWakeup {
             };
             match event {
                 None => return Err(LeadError::Ended),
-                Some(ReplicationEvent::XLogData { data, .. }) => {
-                    inserted |= data.first() == Some(&b'I');
-                }
+                Some(ReplicationEvent::XLogData { data, .. }) => inserted.read(&data),
                 Some(ReplicationEvent::Commit { end_lsn, .. }) => {
-                    if std::mem::take(&mut inserted) {
-                        self.wakeup.committed();
-                        again = Some(Instant::now() + VISIBLE_WITHIN);
+                    if let Some(seqs) = inserted.take() {
+                        // A claim ending from here on is seen by `ended`.
+                        ended.borrow_and_update();
+                        pending.committed(&self.wakeup, seqs, Instant::now());
                     }
                     client.update_applied_lsn(end_lsn);
                 }

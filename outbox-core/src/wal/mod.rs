@@ -3,7 +3,9 @@
 //!
 //! [`WalWakeup`] streams the outbox's inserts (a publication on `outbox`, inserts only,
 //! decoded by the built-in `pgoutput` plugin, read through `pgwire-replication`) and calls
-//! [`Wakeup::committed`] at each commit that holds one. Unlike the `NOTIFY` of
+//! [`Wakeup::committed`] at each commit that holds one, unless the relays it wakes claimed
+//! that commit's events already (a commit of their process, told to them at once); a commit
+//! read while one of them claims waits for the claim to end. Unlike the `NOTIFY` of
 //! [`Wakeup::across_processes`], the writer has nothing to send after its commit, and no
 //! commit is missed while a relay is reconnecting: the slot keeps the position it confirmed.
 //!
@@ -40,7 +42,9 @@
 //! the feature installs one first: `rustls::crypto::ring::default_provider().install_default()`.
 
 mod connect;
+mod insert;
 mod lead;
+mod pending;
 mod storage;
 
 use std::time::Duration;
