@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use jetstream_outbox::testing::SlotGuard;
 use service_kit::testing::{self, eventually};
 use sqlx::PgPool;
 use tokio::task::JoinHandle;
@@ -30,6 +31,9 @@ pub struct Cluster {
     pub orders: Vec<Service>,
     /// billing-service instances.
     pub billing: Vec<Service>,
+    /// The replication slot the orders-service instances share, when started with one;
+    /// after the services, so that they have ended when a panicking test drops it.
+    slot: Option<SlotGuard>,
     /// Between orders-service and nats-server, when started with one.
     pub proxy: Option<Proxy>,
     /// The scenario's own PostgreSQL, when started with one.
@@ -100,7 +104,12 @@ impl Cluster {
                 .as_ref()
                 .map_or_else(|| testing::database_url(name), |pg| pg.database_url(name))
         };
+        let slot = setup.wal_slot.then(|| {
+            let options = url(&names.orders_db).parse().expect("url");
+            SlotGuard::new(&options, &testing::unique("e2e_slot"))
+        });
         let mut cluster = Self {
+            slot,
             proxy,
             orders_pool: PgPool::connect_lazy(&url(&names.orders_db)).expect("url"),
             billing_pool: PgPool::connect_lazy(&url(&names.billing_db)).expect("url"),
@@ -178,6 +187,9 @@ impl Cluster {
         if let Some((user, password)) = identity {
             env.push(("NATS_USER", user.to_owned()));
             env.push(("NATS_PASSWORD", password));
+        }
+        if let (Some(slot), Kind::Orders) = (&self.slot, kind) {
+            env.push(("RELAY_WAL_SLOT", slot.name().to_owned()));
         }
         // Both services run their defaults: outages, lost acks and kills must not need
         // tuning. A SIGKILLed billing's unacknowledged messages come back after the default
@@ -272,6 +284,11 @@ impl Cluster {
         .await;
     }
 
+    /// The replication slot of [`Setup::wal_slot`].
+    pub fn wal_slot(&self) -> Option<&str> {
+        self.slot.as_ref().map(SlotGuard::name)
+    }
+
     /// The orders database, for scenario-specific checks and set-ups.
     pub fn orders_pool(&self) -> &PgPool {
         &self.orders_pool
@@ -285,6 +302,8 @@ impl Cluster {
         for node in &mut self.nats {
             node.kill().await;
         }
+        // Nothing streams it now, and the database cannot be dropped with it.
+        drop(self.slot.take());
         self.orders_pool.close().await;
         self.billing_pool.close().await;
         if self.postgres.is_none() {
@@ -318,6 +337,9 @@ pub struct Setup {
     /// nats-server runs the services' account with this much file storage for JetStream
     /// (bytes), as an operator's account limits do; the services log in as its user.
     pub account_storage: Option<u64>,
+    /// The orders-service instances share a replication slot of the scenario's own
+    /// (`RELAY_WAL_SLOT`), the relays woken from it: the server needs wal_level = logical.
+    pub wal_slot: bool,
     /// Settings both services get besides their defaults.
     pub env: &'static [(&'static str, &'static str)],
     /// nats-server requires the services' identities of deploy/nats/accounts.conf (its lines

@@ -6,16 +6,44 @@ use std::time::Duration;
 use e2e::cluster::{Cluster, Setup};
 use e2e::eventually;
 use jetstream_outbox::NewEvent;
+use jetstream_outbox::testing::{slot_streamed_by, slot_streamed_by_another};
 use serde_json::json;
 
 /// Orders accepted between two faults.
 const STEP: usize = 150;
 
+/// The relays woken from a replication slot (`RELAY_WAL_SLOT`), besides polling: the setting
+/// is off by default, and these scenarios are its faults.
+fn with_a_wal_slot() -> Setup {
+    Setup {
+        wal_slot: true,
+        ..Setup::default()
+    }
+}
+
+/// With [`Setup::wal_slot`], an instance streams the slot once the faults are over.
+async fn slot_streamed_again(cluster: &Cluster) {
+    if let Some(slot) = cluster.wal_slot() {
+        slot_streamed_by(cluster.orders_pool(), slot).await;
+    }
+}
+
 /// orders-service is killed with SIGKILL mid-load, twice, and restarted; hostile requests are
 /// mixed into the load and change nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn orders_service_killed_twice_under_load() {
-    let mut cluster = Cluster::start(1, 1).await;
+    orders_service_killed_twice(Setup::default()).await;
+}
+
+/// The same with the relay woken from a replication slot: each kill ends the slot's stream
+/// mid-transaction, and the restarted instance streams it again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn orders_service_killed_twice_under_load_with_a_wal_slot() {
+    orders_service_killed_twice(with_a_wal_slot()).await;
+}
+
+async fn orders_service_killed_twice(setup: Setup) {
+    let mut cluster = Cluster::start_with(1, 1, setup).await;
     let load = cluster.load(4, true);
     for _ in 0..2 {
         load.progress(STEP).await;
@@ -29,13 +57,25 @@ async fn orders_service_killed_twice_under_load() {
         "hostile requests were sent"
     );
     cluster.check(&ledger).await.assert_clean();
+    slot_streamed_again(&cluster).await;
     cluster.stop().await;
 }
 
 /// nats-server is killed with SIGKILL and restarted on the same store.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nats_server_killed_and_restarted_on_its_store() {
-    let mut cluster = Cluster::start(1, 1).await;
+    nats_server_killed_and_restarted(Setup::default()).await;
+}
+
+/// The same with the relay woken from a replication slot: commits keep waking a relay that
+/// cannot publish, and nothing is lost or reordered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nats_server_killed_and_restarted_with_a_wal_slot() {
+    nats_server_killed_and_restarted(with_a_wal_slot()).await;
+}
+
+async fn nats_server_killed_and_restarted(setup: Setup) {
+    let mut cluster = Cluster::start_with(1, 1, setup).await;
     let load = cluster.load(4, false);
     load.progress(STEP).await;
     cluster.nats[0].kill().await;
@@ -44,6 +84,7 @@ async fn nats_server_killed_and_restarted_on_its_store() {
     load.progress(STEP).await;
     let ledger = load.finish().await;
     cluster.check(&ledger).await.assert_clean();
+    slot_streamed_again(&cluster).await;
     cluster.stop().await;
 }
 
@@ -248,25 +289,23 @@ async fn lost_pub_acks() {
 /// the services recover on their own and no order is half-written.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_restarted_immediately_under_load() {
-    postgres_restarted_immediately(&[]).await;
+    postgres_restarted_immediately(false).await;
 }
 
-/// The same with the relays woken from a replication slot (`RELAY_WAL_SLOT`, two instances
-/// sharing it): the slot survives the crash and is streamed again.
+/// The same with the relays woken from a replication slot (two instances sharing it): the
+/// slot survives the crash and is streamed again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_restarted_immediately_under_load_with_a_wal_slot() {
-    // The setting is off by default; this scenario is its crash recovery. The name is this
-    // test's own: the scenario's PostgreSQL is too.
-    postgres_restarted_immediately(&[("RELAY_WAL_SLOT", "e2e_restarted")]).await;
+    postgres_restarted_immediately(true).await;
 }
 
-async fn postgres_restarted_immediately(env: &'static [(&'static str, &'static str)]) {
+async fn postgres_restarted_immediately(wal_slot: bool) {
     let setup = Setup {
         own_postgres: true,
-        env,
+        wal_slot,
         ..Setup::default()
     };
-    let orders = if env.is_empty() { 1 } else { 2 };
+    let orders = if wal_slot { 2 } else { 1 };
     let cluster = Cluster::start_with(orders, 1, setup).await;
     let load = cluster.load(4, false);
     load.progress(STEP).await;
@@ -291,14 +330,16 @@ async fn postgres_restarted_immediately(env: &'static [(&'static str, &'static s
     .await
     .unwrap();
     assert_eq!(orphans, 0);
-    if !env.is_empty() {
+    if let Some(slot) = cluster.wal_slot() {
+        // Longer than a kill's: each instance's retries double while the server recovers.
         eventually(
             "the slot streamed again",
             Duration::from_secs(30),
             || async {
                 let active: bool = sqlx::query_scalar(
-                    "SELECT active FROM pg_replication_slots WHERE slot_name = 'e2e_restarted'",
+                    "SELECT active FROM pg_replication_slots WHERE slot_name = $1",
                 )
+                .bind(slot)
                 .fetch_optional(cluster.orders_pool())
                 .await
                 .ok()??;
@@ -363,11 +404,32 @@ async fn nats_with_user_and_password() {
 /// its store, then one orders-service and one billing-service are killed and restarted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nats_cluster_loses_the_stream_leader_under_load() {
-    let setup = Setup {
+    nats_cluster_loses_the_stream_leader(Setup {
         nats_cluster: true,
         ..Setup::default()
-    };
-    let mut cluster = Cluster::start_with(2, 2, setup).await;
+    })
+    .await;
+}
+
+/// The same with the relays woken from a replication slot the two orders-service instances
+/// share: the first, which streams it, is the one killed, and the other takes the slot over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nats_cluster_loses_the_stream_leader_with_a_wal_slot() {
+    nats_cluster_loses_the_stream_leader(Setup {
+        nats_cluster: true,
+        ..with_a_wal_slot()
+    })
+    .await;
+}
+
+async fn nats_cluster_loses_the_stream_leader(setup: Setup) {
+    let mut cluster = Cluster::start_with(1, 2, setup).await;
+    // The first instance streams the slot, if any, before the second starts: it is the one
+    // killed.
+    if let Some(slot) = cluster.wal_slot() {
+        slot_streamed_by(cluster.orders_pool(), slot).await;
+    }
+    cluster.start_orders().await;
     let load = cluster.load(6, false);
     load.progress(STEP).await;
 
@@ -379,13 +441,22 @@ async fn nats_cluster_loses_the_stream_leader_under_load() {
     cluster.nats[leader].restart().await;
     load.progress(STEP).await;
 
+    // Its backend now: the first instance may have started its stream again meanwhile.
+    let streamer = match cluster.wal_slot() {
+        Some(slot) => Some(slot_streamed_by(cluster.orders_pool(), slot).await),
+        None => None,
+    };
     cluster.orders[0].kill().await;
     cluster.billing[1].kill().await;
+    if let (Some(slot), Some(streamer)) = (cluster.wal_slot(), streamer) {
+        slot_streamed_by_another(cluster.orders_pool(), slot, streamer).await;
+    }
     load.progress(STEP).await;
     cluster.orders[0].restart().await;
     cluster.billing[1].restart().await;
     load.progress(STEP).await;
     let ledger = load.finish().await;
     cluster.check(&ledger).await.assert_clean();
+    slot_streamed_again(&cluster).await;
     cluster.stop().await;
 }
