@@ -2,11 +2,14 @@
 
 use std::time::{Duration, Instant};
 
-use jetstream_outbox::{JetStreamPublisher, Relay, RelayConfig};
+use jetstream_outbox::testing::{SlotGuard, slot_streamed_by};
+use jetstream_outbox::wal::WalWakeup;
+use jetstream_outbox::{JetStreamPublisher, Relay, RelayConfig, Wakeup};
 use service_kit::testing;
 use tokio_util::sync::CancellationToken;
 
 use super::filled::Filled;
+use super::wal::Wake;
 
 /// Fills a fresh outbox with `events` pending rows (five events per order), starts `relays`
 /// relays with the service's default settings, deleting rows as they publish them when
@@ -25,17 +28,24 @@ pub async fn drain(
         delete_published,
         filled,
         &testing::nats_url(),
+        Wake::Poll,
     )
     .await
 }
 
-/// [`drain`] to the nats-server at `url`.
+/// [`drain`] with one relay keeping rows, woken as `wake` says.
+pub async fn drain_woken(events: i64, wake: Wake) -> anyhow::Result<f64> {
+    drain_at(events, 1, false, None, &testing::nats_url(), wake).await
+}
+
+/// [`drain`] to the nats-server at `url`, the relays woken as `wake` says.
 pub async fn drain_at(
     events: i64,
     relays: usize,
     delete_published: bool,
     filled: Option<&Filled>,
     url: &str,
+    wake: Wake,
 ) -> anyhow::Result<f64> {
     let database = testing::unique("bench_drain");
     if let Some(filled) = filled {
@@ -44,7 +54,7 @@ pub async fn drain_at(
     let stream = testing::unique("BENCH_DRAIN");
     let prefix = stream.to_lowercase();
     let pool =
-        service_kit::infra::connect_db(&testing::database_url(&database), 3 * relays as u32 + 2)
+        service_kit::infra::connect_db(&testing::database_url(&database), 3 * relays as u32 + 4)
             .await?;
     orders_service::startup::migrate(&pool).await?;
     let js = async_nats::jetstream::new(async_nats::connect(url).await?);
@@ -67,6 +77,23 @@ pub async fn drain_at(
     sqlx::query("ANALYZE outbox").execute(&pool).await?;
 
     let shutdown = CancellationToken::new();
+    let wakeup = Wakeup::in_process();
+    // Started after the backlog's insert: the slot is made past it, and its walsender decodes
+    // only what the relays write.
+    let (streaming, slot) = match wake {
+        Wake::Poll => (None, None),
+        Wake::Wal => {
+            let slot = testing::unique("bench_wal");
+            let guard = SlotGuard::new(&super::wal::database_options(&database), &slot);
+            let stream = WalWakeup::new(&testing::database_url(&database), &slot, &wakeup)?
+                .run(pool.clone(), shutdown.clone());
+            let streaming = tokio::spawn(stream);
+            slot_streamed_by(&pool, &slot).await;
+            (Some(streaming), Some(guard))
+        }
+    };
+    // Dropped before the slot's guard, on an error too: nothing streams the slot then.
+    let _stop = shutdown.clone().drop_guard();
     let start = Instant::now();
     let tasks: Vec<_> = (0..relays)
         .map(|_| {
@@ -76,7 +103,8 @@ pub async fn drain_at(
                 pool.clone(),
                 JetStreamPublisher::new(js.clone()).with_timeout(Duration::from_secs(5)),
                 config,
-            );
+            )
+            .with_wakeup(&wakeup);
             tokio::spawn(relay.run(shutdown.clone()))
         })
         .collect();
@@ -102,6 +130,10 @@ pub async fn drain_at(
     for task in tasks {
         task.await?;
     }
+    if let Some(streaming) = streaming {
+        streaming.await??;
+    }
+    drop(slot);
 
     let stored = js.get_stream(&stream).await?.info().await?.state.messages;
     pool.close().await;

@@ -8,12 +8,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
+use jetstream_outbox::testing::slot_streamed_by;
 use serde::{Deserialize, Serialize};
 use service_kit::testing;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
+use super::cost::{Cost, Reading};
 use super::filled::Filled;
+use super::wal::Wake;
 use crate::Names;
 use crate::process::{Kind, Service};
 
@@ -51,7 +54,8 @@ impl Latency {
         }
     }
 
-    fn of_unsorted(mut values: Vec<f64>) -> Self {
+    /// Percentiles of `values`, in any order.
+    pub(super) fn of_unsorted(mut values: Vec<f64>) -> Self {
         values.sort_by(f64::total_cmp);
         Self::of(&values)
     }
@@ -123,6 +127,10 @@ pub struct Steady {
     pub orders_peak_rss_mib: f64,
     /// billing-service's peak resident set, MiB.
     pub billing_peak_rss_mib: f64,
+    /// CPU time and WAL per order, from the first order to the last invoice (absent in runs
+    /// from before it, and where runs are pooled).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost: Option<Cost>,
 }
 
 impl Steady {
@@ -183,24 +191,31 @@ fn order(id: Option<&str>) -> serde_json::Value {
 }
 
 /// `POST /orders` from `connections` clients for `length` against orders-service (its relay
-/// running, as deployed), on a copy of `filled` if given; returns accepted orders per second.
+/// running, as deployed, woken as `wake` says), on a copy of `filled` if given; returns
+/// accepted orders per second.
 pub async fn max_rate(
     connections: usize,
     length: Duration,
     filled: Option<&Filled>,
+    wake: Wake,
 ) -> anyhow::Result<f64> {
     let names = Names::unique();
     if let Some(filled) = filled {
         filled.copy_orders(&names.orders_db).await?;
     }
-    let mut orders = Service::start(
-        Kind::Orders,
-        env(&names, &names.orders_db, &testing::nats_url()),
-        &log_dir(),
-    )
-    .await;
+    let mut env = env(&names, &names.orders_db, &testing::nats_url());
+    let (wake_env, slot) = wake.orders_env(&names.orders_db);
+    env.extend(wake_env);
+    let mut orders = Service::start(Kind::Orders, env, &log_dir()).await;
+    if let Some(slot) = &slot {
+        // The service streams its slot only once it is ready.
+        let pool = PgPool::connect(&testing::database_url(&names.orders_db)).await?;
+        slot_streamed_by(&pool, slot.name()).await;
+        pool.close().await;
+    }
     let accepted = hammer(&[orders.url.clone()], connections, length).await;
     orders.terminate().await;
+    drop(slot);
     names.clean_up().await;
     accepted
 }
@@ -304,18 +319,21 @@ fn peak_rss_mib(pid: u32) -> f64 {
 /// Sends `rate` orders per second for `length` through both services and measures. With
 /// `instances` > 1, the orders go round-robin to that many orders-service instances of which
 /// only the first runs a relay: the others' commits reach it through the database. On copies
-/// of `filled` if given.
+/// of `filled` if given; the relay woken as `wake` says.
 pub async fn steady(
     rate: u32,
     length: Duration,
     instances: usize,
     filled: Option<&Filled>,
+    wake: Wake,
 ) -> anyhow::Result<Steady> {
     let names = Names::unique();
     if let Some(filled) = filled {
         filled.copy_into(&names).await?;
     }
     let logs = log_dir();
+    // The first instance runs the relay, the one the slot wakes.
+    let (wake_env, slot) = wake.orders_env(&names.orders_db);
     // orders-service first: it makes the stream, which billing waits for.
     let mut services = Vec::with_capacity(instances);
     for instance in 0..instances {
@@ -324,9 +342,12 @@ pub async fn steady(
         // must still reach the other instance's relay at once (its NOTIFY after commit).
         if instance > 0 {
             env.push(("RELAY_ENABLED".into(), "false".into()));
+        } else {
+            env.extend(wake_env.clone());
         }
         services.push(Service::start(Kind::Orders, env, &logs).await);
     }
+
     let mut billing = Service::start(
         Kind::Billing,
         env(&names, &names.billing_db, &testing::nats_url()),
@@ -338,6 +359,15 @@ pub async fn steady(
         .iter()
         .map(|s| format!("{}/orders", s.url))
         .collect();
+
+    let orders_db = PgPool::connect(&testing::database_url(&names.orders_db)).await?;
+    let billing_db = PgPool::connect(&testing::database_url(&names.billing_db)).await?;
+    if let Some(slot) = &slot {
+        slot_streamed_by(&orders_db, slot.name()).await;
+    }
+    let orders_pids: Vec<u32> = services.iter().filter_map(Service::pid).collect();
+    let billing_pid = billing.pid().unwrap_or_default();
+    let before = Reading::take(&orders_db, &orders_pids, billing_pid).await?;
 
     let total = (f64::from(rate) * length.as_secs_f64()) as u64;
     let failed = Arc::new(AtomicU64::new(0));
@@ -365,10 +395,9 @@ pub async fn steady(
     futures::future::join_all(sends).await;
     let failed = failed.load(Ordering::Relaxed);
 
-    let orders_db = PgPool::connect(&testing::database_url(&names.orders_db)).await?;
-    let billing_db = PgPool::connect(&testing::database_url(&names.billing_db)).await?;
     let accepted = total - failed;
     all_invoiced(&billing_db, accepted, Duration::from_secs(60)).await?;
+    let after = Reading::take(&orders_db, &orders_pids, billing_pid).await?;
     let orders_peak_rss_mib = services[0].pid().map_or(f64::NAN, peak_rss_mib);
     let billing_peak_rss_mib = billing.pid().map_or(f64::NAN, peak_rss_mib);
 
@@ -376,6 +405,7 @@ pub async fn steady(
     result.sent = total;
     result.failed = failed;
     result.orders_peak_rss_mib = orders_peak_rss_mib;
+    result.cost = Some(before.until(&after, accepted));
     result.billing_peak_rss_mib = billing_peak_rss_mib;
 
     orders_db.close().await;
@@ -384,6 +414,7 @@ pub async fn steady(
         orders.terminate().await;
     }
     billing.terminate().await;
+    drop(slot);
     names.clean_up().await;
     Ok(result)
 }

@@ -15,6 +15,9 @@
 //!   with one orders-service and with two (one of them without a relay);
 //! - [`views`]: the operator views (`/outbox/stats`, `/metrics`, `/ops`) with a few pending
 //!   events and with a backlog of a million;
+//! - [`wal`]: the relay polling against the relay also woken from a replication slot, side by
+//!   side: the drain, `POST /orders`, the steady phase with its CPU time and WAL per order
+//!   ([`cost`]), and another application's SQL commits;
 //! - [`growth`]: the drain, `POST /orders` and the steady phase again with the outbox and the
 //!   inbox holding many finished rows, the bytes per event on each side, and the cleanup's
 //!   rate against the insert rate;
@@ -25,6 +28,7 @@
 //! databases and stream.
 
 pub mod billing;
+pub mod cost;
 pub mod drain;
 pub mod filled;
 pub mod growth;
@@ -34,11 +38,13 @@ pub mod report;
 pub mod scale;
 pub mod sync;
 pub mod views;
+pub mod wal;
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+use wal::Wake;
 
 /// What to run, and how big.
 #[derive(Debug, Clone)]
@@ -147,6 +153,10 @@ pub struct Results {
     /// runs from before the phase, or where no nats-server 2.10 ran).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sync: Option<sync::Sync>,
+    /// The relay polling against the relay also woken from a replication slot (absent in runs
+    /// from before the phase, or where the server's `wal_level` is not `logical`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wal: Option<wal::Wal>,
 }
 
 /// The sizes of a run, recorded with its results.
@@ -250,7 +260,7 @@ pub async fn run(options: &Options) -> anyhow::Result<PathBuf> {
     ));
     filled::settle().await;
     let http_orders_per_sec =
-        http::max_rate(options.connections, options.max_rate_for, None).await?;
+        http::max_rate(options.connections, options.max_rate_for, None, Wake::Poll).await?;
     progress(&format!("  {http_orders_per_sec:.0} orders/s"));
 
     let (steady, steady_two) = steady_phases(options).await?;
@@ -258,6 +268,8 @@ pub async fn run(options: &Options) -> anyhow::Result<PathBuf> {
     let scaled = scale_out(options).await?;
 
     let views = operator_views(options.views_backlog).await?;
+
+    let wal = wal_phase(options).await?;
 
     let growth = growth(options).await?;
 
@@ -280,6 +292,7 @@ pub async fn run(options: &Options) -> anyhow::Result<PathBuf> {
         views,
         growth,
         sync,
+        wal,
     };
     let dir = options
         .out
@@ -306,7 +319,16 @@ async fn steady_phases(options: &Options) -> anyhow::Result<(http::Steady, http:
         ));
         // The latency is this phase's alone, not that of the previous phases' write-back.
         filled::settle().await;
-        steady.push(http::steady(options.steady_rate, options.steady_for, instances, None).await?);
+        steady.push(
+            http::steady(
+                options.steady_rate,
+                options.steady_for,
+                instances,
+                None,
+                Wake::Poll,
+            )
+            .await?,
+        );
     }
     let steady_two = steady.pop().unwrap_or_default();
     let steady = steady.pop().unwrap_or_default();
@@ -321,6 +343,45 @@ async fn sync_phase(options: &Options) -> anyhow::Result<Option<sync::Sync>> {
     ));
     filled::settle().await;
     sync::sync(options.raw_messages, options.drain_events).await
+}
+
+/// The WAL phase ([`wal`]) with the run's sizes.
+async fn wal_phase(options: &Options) -> anyhow::Result<Option<wal::Wal>> {
+    progress(&format!(
+        "the relay polling, and woken from a replication slot: {} events drained, {} \
+         connections for {:?}, {}/s for {:?} steady and half of it from SQL",
+        options.drain_events,
+        options.connections,
+        options.max_rate_for,
+        options.steady_rate,
+        options.steady_for
+    ));
+    wal::wal(options).await
+}
+
+/// Runs the WAL phase alone and writes a run of it (the other figures absent), for
+/// BENCHMARKS.md.
+pub async fn run_wal(options: &Options) -> anyhow::Result<()> {
+    let started_at = chrono::Utc::now();
+    crate::process::binary("orders-service");
+    let wal = wal_phase(options).await?;
+    anyhow::ensure!(
+        wal.is_some(),
+        "the server's wal_level is not logical: no slot to run the phase with"
+    );
+    let results = Results {
+        started_at: started_at.to_rfc3339(),
+        settings: settings(options),
+        postgres_tls: postgres_tls().await?,
+        wal,
+        ..Results::default()
+    };
+    let dir = options
+        .out
+        .join(started_at.format("%Y%m%dT%H%M%SZ").to_string());
+    report::write(&results, &dir)?;
+    report::print(&results);
+    Ok(())
 }
 
 /// Runs the sync phase alone and writes a run of it (the other figures absent), for
@@ -368,7 +429,7 @@ pub async fn run_max_rate(options: &Options) -> anyhow::Result<()> {
     filled::settle().await;
     let order = refs::order_transaction(connections, length).await?;
     filled::settle().await;
-    let http = http::max_rate(connections, length, None).await?;
+    let http = http::max_rate(connections, length, None, Wake::Poll).await?;
     filled::settle().await;
     let pipeline = scale::scale(1, 1, connections, length).await?;
     println!("plain transaction      {plain:>8.0} tx/s");
@@ -519,7 +580,13 @@ async fn measure_growth(
     for &(tables, seed) in &runs {
         progress(&format!("  POST /orders at maximum rate, {tables} tables"));
         filled::settle().await;
-        let rate = http::max_rate(options.connections, options.max_rate_for, Some(seed)).await?;
+        let rate = http::max_rate(
+            options.connections,
+            options.max_rate_for,
+            Some(seed),
+            Wake::Poll,
+        )
+        .await?;
         progress(&format!("    {rate:.0} orders/s"));
         figures.phases(seed.rows > 0).http_runs_per_sec.push(rate);
     }
@@ -528,7 +595,7 @@ async fn measure_growth(
             "  steady load for {steady_for:?}, 1 orders-service, {tables} tables"
         ));
         filled::settle().await;
-        let run = http::steady(options.steady_rate, steady_for, 1, Some(seed)).await?;
+        let run = http::steady(options.steady_rate, steady_for, 1, Some(seed), Wake::Poll).await?;
         progress(&format!(
             "    p50 {:.2} ms, p99 {:.2} ms",
             run.latency_ms.p50, run.latency_ms.p99

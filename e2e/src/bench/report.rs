@@ -17,9 +17,11 @@ struct Line {
 }
 
 fn lines(r: &Results) -> Vec<Line> {
-    // A run of the sync phase alone holds nothing else.
-    if r.plain_tx_per_sec == 0.0 && r.sync.is_some() {
-        return sync_lines(r);
+    // A run of the sync or the WAL phase alone holds nothing else.
+    if r.plain_tx_per_sec == 0.0 {
+        let mut lines = sync_lines(r);
+        lines.extend(wal_lines(r));
+        return lines;
     }
     let mut lines = bars(r);
     let base = r.scale.first().map_or(f64::NAN, |s| s.invoiced_per_sec);
@@ -40,7 +42,102 @@ fn lines(r: &Results) -> Vec<Line> {
         met: true,
     }));
     lines.extend(sync_lines(r));
+    lines.extend(wal_lines(r));
     lines
+}
+
+/// The relay polling against the relay also woken from a replication slot, a line per figure
+/// with both modes: polling's first.
+fn wal_lines(r: &Results) -> Vec<Line> {
+    let Some(wal) = &r.wal else {
+        return Vec::new();
+    };
+    let (p, w) = (&wal.poll, &wal.wal);
+    let line = |figure, value, reference| Line {
+        figure,
+        value,
+        reference,
+        bar: "-",
+        met: true,
+    };
+    let percent = |rate: f64, of: f64| rate / of * 100.0;
+    let (pc, wc) = (
+        p.steady.cost.clone().unwrap_or_default(),
+        w.steady.cost.clone().unwrap_or_default(),
+    );
+    let postgres = match (pc.postgres_cpu_secs, wc.postgres_cpu_secs) {
+        (Some(p), Some(w)) => format!("PostgreSQL {p:.2} / {w:.2} s"),
+        _ => "PostgreSQL not read (not this machine's processes)".to_owned(),
+    };
+    let rate = r.settings.steady_rate;
+    vec![
+        line(
+            "poll / WAL wake-up: drain",
+            format!("{:.0} / {:.0} events/s", p.drain_per_sec, w.drain_per_sec),
+            format!(
+                "{:.1}% / {:.1}% of raw publish ({:.0} msgs/s); 1 relay",
+                percent(p.drain_per_sec, wal.raw_publish_per_sec),
+                percent(w.drain_per_sec, wal.raw_publish_per_sec),
+                wal.raw_publish_per_sec
+            ),
+        ),
+        line(
+            "poll / WAL wake-up: POST /orders",
+            format!(
+                "{:.0} / {:.0} orders/s",
+                p.http_orders_per_sec, w.http_orders_per_sec
+            ),
+            format!(
+                "{:.1}% / {:.1}% of the plain transaction ({:.0} tx/s); maximum rate",
+                percent(p.http_orders_per_sec, wal.plain_tx_per_sec),
+                percent(w.http_orders_per_sec, wal.plain_tx_per_sec),
+                wal.plain_tx_per_sec
+            ),
+        ),
+        line(
+            "poll / WAL wake-up: order -> invoice",
+            format!(
+                "p50 {:.2} / {:.2} ms",
+                p.steady.latency_ms.p50, w.steady.latency_ms.p50
+            ),
+            format!(
+                "p99 {:.2} / {:.2} ms; commit -> relay p50 {:.2} / {:.2}, p99 {:.2} / {:.2}; at \
+                 {rate}/s, {} / {} failed",
+                p.steady.latency_ms.p99,
+                w.steady.latency_ms.p99,
+                p.steady.stages_ms.to_relay.p50,
+                w.steady.stages_ms.to_relay.p50,
+                p.steady.stages_ms.to_relay.p99,
+                w.steady.stages_ms.to_relay.p99,
+                p.steady.failed,
+                w.steady.failed
+            ),
+        ),
+        line(
+            "poll / WAL wake-up: SQL commit -> relay",
+            format!(
+                "p50 {:.2} / {:.2} ms",
+                p.elsewhere_ms.p50, w.elsewhere_ms.p50
+            ),
+            format!(
+                "p99 {:.2} / {:.2} ms; another application's outbox_enqueue, {}/s",
+                p.elsewhere_ms.p99, w.elsewhere_ms.p99, wal.elsewhere_rate
+            ),
+        ),
+        line(
+            "poll / WAL wake-up: CPU per 1000 orders",
+            postgres,
+            format!(
+                "orders-service {:.2} / {:.2} s, billing-service {:.2} / {:.2} s; at {rate}/s",
+                pc.orders_cpu_secs, wc.orders_cpu_secs, pc.billing_cpu_secs, wc.billing_cpu_secs
+            ),
+        ),
+        line(
+            "poll / WAL wake-up: WAL per order",
+            format!("{:.0} / {:.0} B", pc.wal_bytes, wc.wal_bytes),
+            format!("the whole server, wal_level = logical in both; at {rate}/s"),
+        ),
+    ]
 }
 
 /// Raw publishing and the drain with the broker syncing every write, against its default.
@@ -393,10 +490,22 @@ pub fn markdown(runs: &[Results]) -> String {
     );
     for (i, r) in runs.iter().enumerate() {
         let s = &r.settings;
+        // A run of one phase alone (no reference of the whole run) had no growth phase.
+        let growth = if r.plain_tx_per_sec == 0.0 {
+            format!(
+                "{} phase alone",
+                if r.wal.is_some() { "WAL" } else { "sync" }
+            )
+        } else {
+            format!(
+                "growth phase on {} rows, each side {} time(s)",
+                s.growth_rows, s.growth_runs
+            )
+        };
         let _ = writeln!(
             out,
             "| {} | {} | {} | {} events drained; {} connections for {} s at maximum rate; \
-             {}/s for {} s steady; growth phase on {} rows, each side {} time(s) |",
+             {}/s for {} s steady; {growth} |",
             i + 1,
             r.started_at,
             if r.postgres_tls { "yes" } else { "no" },
@@ -405,8 +514,6 @@ pub fn markdown(runs: &[Results]) -> String {
             s.max_rate_secs,
             s.steady_rate,
             s.steady_secs,
-            s.growth_rows,
-            s.growth_runs,
         );
     }
     // Rows by figure (a figure may have several, numbered in order), in the order they first

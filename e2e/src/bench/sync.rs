@@ -67,7 +67,8 @@ pub async fn sync(messages: usize, events: i64) -> anyhow::Result<Option<Sync>> 
         let url = server.url();
         let raw = super::refs::raw_publish_at(messages, &url).await?;
         super::filled::settle().await;
-        let drain = super::drain::drain_at(events, 1, false, None, &url).await?;
+        let drain =
+            super::drain::drain_at(events, 1, false, None, &url, super::wal::Wake::Poll).await?;
         progress(&format!(
             "  sync {}: raw {raw:.0} msgs/s, drain {drain:.0} events/s",
             if always { "always" } else { "default" }

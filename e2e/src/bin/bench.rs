@@ -50,6 +50,9 @@ enum Only {
     Sync,
     /// The operator views, with a few pending events and with a backlog.
     Views,
+    /// The relay polling against the relay also woken from a replication slot
+    /// (RELAY_WAL_SLOT): the server needs wal_level = logical.
+    Wal,
 }
 
 #[tokio::main]
@@ -86,6 +89,7 @@ async fn main() -> anyhow::Result<()> {
         Some(Only::Billing) => bench::run_billing(&options).await?,
         Some(Only::Sync) => bench::run_sync(&options).await?,
         Some(Only::Views) => bench::run_views(&options).await?,
+        Some(Only::Wal) => bench::run_wal(&options).await?,
         // Boxed: the whole run's state is too big for the stack of main's future.
         None => drop(Box::pin(bench::run(&options)).await?),
     }
