@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 
 use super::storage::{self, Claimed, Failures};
 use super::{BatchReport, Relay};
-use crate::{Ack, Message, PublishError, Publisher, Wakeup};
+use crate::{Ack, Message, PublishError, Publisher};
 
 impl<P: Publisher> Relay<P> {
     /// Claims due rows in a new transaction, which stays open, holding them, until
@@ -14,12 +14,12 @@ impl<P: Publisher> Relay<P> {
     pub(super) async fn claim(&self) -> sqlx::Result<Claim> {
         // A commit the WAL brings meanwhile waits for this claim to end before it wakes the
         // relay: the claim may be taking its events.
-        let _claiming = self.wakeup.as_ref().map(Wakeup::claiming);
+        let _claiming = self.wakeup.as_ref().and_then(|w| w.claims().claiming());
         let mut tx = storage::begin_claim(&self.pool, self.config.lease).await?;
         let rows = storage::claim(&mut tx, self.config.batch_size, self.longest_delay()).await?;
         if let Some(wakeup) = &self.wakeup {
             // Held-back rows too: the relay claims them again on its own.
-            wakeup.claimed(rows.iter().map(|row| row.seq));
+            wakeup.claims().note(rows.iter().map(|row| row.seq));
         }
         let locked = rows.len();
         let rows = rows.into_iter().filter(|row| !row.held_back).collect();

@@ -32,6 +32,15 @@ impl Inserted {
         }
     }
 
+    /// The seqs so far: none when some are not known.
+    pub(super) fn seqs(&self) -> Vec<i64> {
+        if self.unknown {
+            Vec::new()
+        } else {
+            self.seqs.clone()
+        }
+    }
+
     /// Whether it holds any insert.
     pub(super) fn any(&self) -> bool {
         self.any

@@ -200,6 +200,7 @@ impl WalWakeup {
         streamed
     }
 
+    /// [`Self::stream`]'s loop, leaving in `pending` what it has yet to wake the relays for.
     async fn stream_into(
         &self,
         client: &mut ReplicationClient,
@@ -208,7 +209,7 @@ impl WalWakeup {
         pending: &mut Pending,
     ) -> Result<(), LeadError> {
         let mut inserted = Inserted::default();
-        let mut ended = self.wakeup.claims_ended();
+        let mut ended = self.wakeup.claims().ended();
         let mut ping = tokio::time::interval(self.retry.max(LEAST_PING));
         ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -235,8 +236,6 @@ impl WalWakeup {
                 Some(ReplicationEvent::XLogData { data, .. }) => inserted.read(&data),
                 Some(ReplicationEvent::Commit { end_lsn, .. }) => {
                     if let Some(seqs) = inserted.take() {
-                        // A claim ending from here on is seen by `ended`.
-                        ended.borrow_and_update();
                         pending.committed(&self.wakeup, seqs, Instant::now());
                     }
                     client.update_applied_lsn(end_lsn);

@@ -106,6 +106,8 @@ impl WalWakeup {
     /// its `sslmode` says, with `sslrootcert`), waking the relays `wakeup` wakes.
     pub fn new(database_url: &str, slot: &str, wakeup: &Wakeup) -> Result<Self, WalError> {
         let slot = checked_name(slot)?;
+        // Its relays note what they claim from here on.
+        wakeup.claims().watch();
         Ok(Self {
             replication: connect::replication_config(database_url, &slot, PUBLICATION)?,
             slot,

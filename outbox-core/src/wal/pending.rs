@@ -15,9 +15,10 @@ use tokio::time::Instant;
 
 use super::insert::Inserted;
 use crate::Wakeup;
+use crate::wakeup::State;
 
 /// How long after its commit is read a transaction is taken to be visible to other sessions.
-pub(super) const VISIBLE_WITHIN: Duration = Duration::from_millis(200);
+const VISIBLE_WITHIN: Duration = Duration::from_millis(200);
 
 /// See the module documentation.
 #[derive(Debug, Default)]
@@ -33,15 +34,14 @@ impl Pending {
     /// A commit read at `now` that inserted `seqs` (none: not known): wakes the relays unless
     /// they claimed its events or are claiming.
     pub(super) fn committed(&mut self, wakeup: &Wakeup, seqs: Vec<i64>, now: Instant) {
-        if wakeup.all_claimed(&seqs) {
-            return;
-        }
-        if wakeup.claim_in_flight() {
-            self.waiting.add(&seqs);
-        } else {
-            // Also serves the commits waiting: the relays claim after it.
-            self.waiting = Inserted::default();
-            wakeup.committed();
+        match wakeup.claims().state(&seqs) {
+            State::Claimed => return,
+            State::InFlight => self.waiting.add(&seqs),
+            State::Unclaimed => {
+                // Also serves the commits waiting: the relays claim after it.
+                self.waiting = Inserted::default();
+                wakeup.committed();
+            }
         }
         self.again.push_back((now + VISIBLE_WITHIN, seqs));
     }
@@ -54,12 +54,11 @@ impl Pending {
     /// A claim ended: the commits waiting wake the relays unless the claims took their events,
     /// once none is under way.
     pub(super) fn claim_ended(&mut self, wakeup: &Wakeup) {
-        if wakeup.claim_in_flight() {
+        let state = wakeup.claims().state(&self.waiting.seqs());
+        if state == State::InFlight {
             return;
         }
-        if let Some(seqs) = self.waiting.take()
-            && !wakeup.all_claimed(&seqs)
-        {
+        if self.waiting.take().is_some() && state == State::Unclaimed {
             wakeup.committed();
         }
     }
@@ -79,7 +78,7 @@ impl Pending {
             }
         }
         if let Some(seqs) = due.take()
-            && !wakeup.all_claimed(&seqs)
+            && wakeup.claims().state(&seqs) != State::Claimed
         {
             wakeup.committed();
         }
@@ -98,6 +97,13 @@ mod tests {
     use super::{Pending, VISIBLE_WITHIN};
     use crate::Wakeup;
 
+    /// A wakeup whose relays' claims are kept, as a wake-up from the WAL has it.
+    fn watched() -> Wakeup {
+        let wakeup = Wakeup::in_process();
+        wakeup.claims().watch();
+        wakeup
+    }
+
     /// Whether the relays were woken since the last call.
     fn woken(relays: &mut watch::Receiver<u64>) -> bool {
         let woken = relays.has_changed().unwrap();
@@ -107,10 +113,10 @@ mod tests {
 
     #[test]
     fn a_commit_claimed_already_wakes_nobody_then_or_later() {
-        let wakeup = Wakeup::in_process();
+        let wakeup = watched();
         let mut relays = wakeup.subscribe();
         let mut pending = Pending::default();
-        wakeup.claimed([1, 2]);
+        wakeup.claims().note([1, 2]);
         let now = tokio::time::Instant::now();
         pending.committed(&wakeup, vec![1, 2], now);
         assert!(!woken(&mut relays));
@@ -119,7 +125,7 @@ mod tests {
 
     #[test]
     fn another_commit_wakes_at_once_and_again_unless_claimed_by_then() {
-        let wakeup = Wakeup::in_process();
+        let wakeup = watched();
         let mut relays = wakeup.subscribe();
         let mut pending = Pending::default();
         let now = tokio::time::Instant::now();
@@ -129,7 +135,7 @@ mod tests {
         assert!(woken(&mut relays));
         assert_eq!(pending.next_look(), Some(now + VISIBLE_WITHIN));
         // The relay took 3 but 4 was not visible yet.
-        wakeup.claimed([3]);
+        wakeup.claims().note([3]);
         pending.look_again(&wakeup, now + VISIBLE_WITHIN);
         assert!(!woken(&mut relays), "3 was claimed");
         pending.look_again(&wakeup, now + VISIBLE_WITHIN * 2);
@@ -139,15 +145,15 @@ mod tests {
 
     #[test]
     fn a_commit_read_during_a_claim_waits_for_its_end() {
-        let wakeup = Wakeup::in_process();
+        let wakeup = watched();
         let mut relays = wakeup.subscribe();
         let mut pending = Pending::default();
         let now = tokio::time::Instant::now();
-        let claiming = wakeup.claiming();
+        let claiming = wakeup.claims().claiming();
         pending.committed(&wakeup, vec![5], now);
         pending.committed(&wakeup, vec![6], now);
         assert!(!woken(&mut relays) && pending.waiting());
-        wakeup.claimed([5]);
+        wakeup.claims().note([5]);
         drop(claiming);
         pending.claim_ended(&wakeup);
         assert!(woken(&mut relays), "6 was not claimed");
@@ -158,11 +164,11 @@ mod tests {
 
     #[test]
     fn a_commit_read_after_a_claim_ended_serves_those_waiting() {
-        let wakeup = Wakeup::in_process();
+        let wakeup = watched();
         let mut relays = wakeup.subscribe();
         let mut pending = Pending::default();
         let now = tokio::time::Instant::now();
-        let claiming = wakeup.claiming();
+        let claiming = wakeup.claims().claiming();
         pending.committed(&wakeup, vec![7], now);
         drop(claiming);
         pending.committed(&wakeup, vec![8], now);
@@ -171,11 +177,11 @@ mod tests {
 
     #[test]
     fn unknown_events_always_wake() {
-        let wakeup = Wakeup::in_process();
+        let wakeup = watched();
         let mut relays = wakeup.subscribe();
         let mut pending = Pending::default();
         let now = tokio::time::Instant::now();
-        wakeup.claimed([9]);
+        wakeup.claims().note([9]);
         pending.committed(&wakeup, Vec::new(), now);
         assert!(woken(&mut relays));
         pending.look_again(&wakeup, now + VISIBLE_WITHIN);
