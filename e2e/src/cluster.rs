@@ -284,6 +284,19 @@ impl Cluster {
         .await;
     }
 
+    /// Waits until the relays have published every event committed so far.
+    pub async fn all_published(&self) {
+        eventually("every event published", Duration::from_secs(60), || async {
+            let pending: i64 =
+                sqlx::query_scalar("SELECT count(*) FROM outbox WHERE status = 'pending'")
+                    .fetch_one(&self.orders_pool)
+                    .await
+                    .ok()?;
+            (pending == 0).then_some(())
+        })
+        .await;
+    }
+
     /// The replication slot of [`Setup::wal_slot`].
     pub fn wal_slot(&self) -> Option<&str> {
         self.slot.as_ref().map(SlotGuard::name)

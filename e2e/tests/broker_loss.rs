@@ -14,19 +14,6 @@ use e2e::process::NatsServer;
 /// Orders accepted between two steps.
 const STEP: usize = 100;
 
-/// Waits until the relays have published every event committed so far.
-async fn all_published(cluster: &Cluster) {
-    eventually("every event published", Duration::from_secs(60), || async {
-        let pending: i64 =
-            sqlx::query_scalar("SELECT count(*) FROM outbox WHERE status = 'pending'")
-                .fetch_one(cluster.orders_pool())
-                .await
-                .ok()?;
-        (pending == 0).then_some(())
-    })
-    .await;
-}
-
 /// Stops the load after `more` orders, waits for the system to drain and checks it.
 async fn finish_clean(cluster: Cluster, load: RunningLoad, more: usize) {
     load.progress(more).await;
@@ -48,7 +35,7 @@ async fn broker_restarted_on_an_older_copy_of_its_store() {
     let copy = cluster.nats[0].copy_store();
     cluster.nats[0].restart().await;
     load.progress(STEP).await;
-    all_published(&cluster).await;
+    cluster.all_published().await;
 
     cluster.nats[0].kill().await;
     cluster.nats[0].restore_store(&copy);
@@ -65,7 +52,7 @@ async fn broker_restarted_with_an_empty_store() {
     let mut cluster = Cluster::start(1, 1).await;
     let load = cluster.load(2, false);
     load.progress(STEP).await;
-    all_published(&cluster).await;
+    cluster.all_published().await;
     cluster.nats[0].kill().await;
     cluster.nats[0].wipe_store();
     cluster.nats[0].restart().await;
@@ -132,7 +119,7 @@ async fn nats_cluster_restarted_on_older_copies_of_its_stores() {
         node.restart().await;
     }
     load.progress(STEP).await;
-    all_published(&cluster).await;
+    cluster.all_published().await;
 
     for node in &mut cluster.nats {
         node.kill().await;

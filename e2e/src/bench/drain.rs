@@ -108,23 +108,7 @@ pub async fn drain_at(
             tokio::spawn(relay.run(shutdown.clone()))
         })
         .collect();
-    let deadline = start + Duration::from_secs(600);
-    loop {
-        // EXISTS stops at the first pending row: counting them all every few milliseconds
-        // would load the server the relays are measured on.
-        let pending: bool =
-            sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM outbox WHERE status = 'pending')")
-                .fetch_one(&pool)
-                .await?;
-        if !pending {
-            break;
-        }
-        anyhow::ensure!(
-            Instant::now() < deadline,
-            "events still pending after 10 minutes"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    none_pending(&pool, Duration::from_secs(600)).await?;
     let rate = events as f64 / start.elapsed().as_secs_f64();
     shutdown.cancel();
     for task in tasks {
@@ -144,4 +128,25 @@ pub async fn drain_at(
         "the stream holds {stored} of {events} events"
     );
     Ok(rate)
+}
+
+/// Waits (polling, up to `limit`) until the outbox in `pool` holds no pending event.
+pub(super) async fn none_pending(pool: &sqlx::PgPool, limit: Duration) -> anyhow::Result<()> {
+    let deadline = Instant::now() + limit;
+    loop {
+        // EXISTS stops at the first pending row: counting them all every few milliseconds
+        // would load the server the relays are measured on.
+        let pending: bool =
+            sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM outbox WHERE status = 'pending')")
+                .fetch_one(pool)
+                .await?;
+        if !pending {
+            return Ok(());
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "events still pending after {limit:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }

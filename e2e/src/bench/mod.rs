@@ -116,6 +116,10 @@ impl Options {
 pub struct Results {
     /// When the run started (UTC, RFC 3339).
     pub started_at: String,
+    /// The workspace's commit the run measured, `-dirty` with changes not committed (absent in
+    /// runs from before it, or without git).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revision: Option<String>,
     /// Sizes used.
     pub settings: Settings,
     /// Whether the connections to PostgreSQL use TLS (`sslmode` in `DATABASE_URL`; the
@@ -193,6 +197,27 @@ async fn postgres_tls() -> anyhow::Result<bool> {
         .await?;
     pool.close().await;
     Ok(tls)
+}
+
+/// The workspace's commit, `-dirty` with changes to tracked files; `None` without git.
+fn revision() -> Option<String> {
+    let git = |args: &[&str]| {
+        std::process::Command::new("git")
+            .args(args)
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .output()
+            .ok()
+            .filter(|output| output.status.success())
+            .map(|output| String::from_utf8_lossy(&output.stdout).trim().to_owned())
+    };
+    let commit = git(&["rev-parse", "--short", "HEAD"])?;
+    let dirty = git(&["status", "--porcelain", "--untracked-files=no"])
+        .is_some_and(|changes| !changes.is_empty());
+    Some(if dirty {
+        format!("{commit}-dirty")
+    } else {
+        commit
+    })
 }
 
 /// Prints a progress line.
@@ -275,6 +300,7 @@ pub async fn run(options: &Options) -> anyhow::Result<PathBuf> {
 
     let results = Results {
         started_at: started_at.to_rfc3339(),
+        revision: revision(),
         settings: settings(options),
         postgres_tls,
         raw_publish_per_sec,
@@ -367,14 +393,31 @@ pub async fn run_wal(options: &Options) -> anyhow::Result<()> {
     let wal = wal_phase(options).await?;
     anyhow::ensure!(
         wal.is_some(),
-        "the server's wal_level is not logical: no slot to run the phase with"
+        "the server cannot stream a slot (wal_level, REPLICATION): no phase to run"
     );
+    write_alone(
+        options,
+        started_at,
+        Results {
+            wal,
+            ..Results::default()
+        },
+    )
+    .await
+}
+
+/// Writes and prints a run of one phase alone: `phase` holds its figures, the others absent.
+async fn write_alone(
+    options: &Options,
+    started_at: chrono::DateTime<chrono::Utc>,
+    phase: Results,
+) -> anyhow::Result<()> {
     let results = Results {
         started_at: started_at.to_rfc3339(),
+        revision: revision(),
         settings: settings(options),
         postgres_tls: postgres_tls().await?,
-        wal,
-        ..Results::default()
+        ..phase
     };
     let dir = options
         .out
@@ -393,19 +436,15 @@ pub async fn run_sync(options: &Options) -> anyhow::Result<()> {
         sync.is_some(),
         "no nats-server 2.10 or later to run the phase with"
     );
-    let results = Results {
-        started_at: started_at.to_rfc3339(),
-        settings: settings(options),
-        postgres_tls: postgres_tls().await?,
-        sync,
-        ..Results::default()
-    };
-    let dir = options
-        .out
-        .join(started_at.format("%Y%m%dT%H%M%SZ").to_string());
-    report::write(&results, &dir)?;
-    report::print(&results);
-    Ok(())
+    write_alone(
+        options,
+        started_at,
+        Results {
+            sync,
+            ..Results::default()
+        },
+    )
+    .await
 }
 
 /// Runs the steady phases alone and prints their lines.

@@ -504,10 +504,13 @@ pub fn markdown(runs: &[Results]) -> String {
         };
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {} events drained; {} connections for {} s at maximum rate; \
+            "| {} | {}{} | {} | {} events drained; {} connections for {} s at maximum rate; \
              {}/s for {} s steady; {growth} |",
             i + 1,
             r.started_at,
+            r.revision
+                .as_ref()
+                .map_or_else(String::new, |commit| format!(", commit {commit}")),
             if r.postgres_tls { "yes" } else { "no" },
             s.drain_events,
             s.connections,

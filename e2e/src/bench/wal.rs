@@ -2,9 +2,10 @@
 //! (`RELAY_WAL_SLOT`), side by side in one run, each measurement in both modes one after the
 //! other: the drain, `POST /orders` at maximum rate, the steady phase with its CPU time and WAL
 //! per order, and the commits another application makes with SQL `outbox_enqueue`, which only
-//! the slot tells a relay of. Skipped unless the server's `wal_level` is `logical`.
+//! the slot tells a relay of. Skipped unless the server's `wal_level` is `logical` and the
+//! role has `REPLICATION`.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use jetstream_outbox::testing::{SlotGuard, slot_streamed_by};
@@ -206,21 +207,7 @@ async fn elsewhere(rate: u32, length: Duration, wake: Wake) -> anyhow::Result<La
     for commit in futures::future::join_all(commits).await {
         commit??;
     }
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let pending: bool =
-            sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM outbox WHERE status = 'pending')")
-                .fetch_one(&pool)
-                .await?;
-        if !pending {
-            break;
-        }
-        anyhow::ensure!(
-            Instant::now() < deadline,
-            "events still pending a minute after the last commit"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    drain::none_pending(&pool, Duration::from_secs(60)).await?;
     // `created_at` is the insert's clock_timestamp(), the last statement before the commit;
     // `published_at` the claiming transaction's start.
     let stamps: Vec<(DateTime<Utc>, DateTime<Utc>)> = sqlx::query_as(
