@@ -188,6 +188,8 @@ impl Cluster {
             env.push(("NATS_USER", user.to_owned()));
             env.push(("NATS_PASSWORD", password));
         }
+        // Off by default: only the scenarios about the WAL wake-up turn it on, to run their
+        // faults with it too.
         if let (Some(slot), Kind::Orders) = (&self.slot, kind) {
             env.push(("RELAY_WAL_SLOT", slot.name().to_owned()));
         }

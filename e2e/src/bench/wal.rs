@@ -37,6 +37,8 @@ impl Wake {
     pub(super) fn orders_env(self, database: &str) -> (Vec<(String, String)>, Option<SlotGuard>) {
         match self {
             Self::Poll => (Vec::new(), None),
+            // The setting the phase measures against its default, unset; a slot of the
+            // phase's own, since slot names are the server's.
             Self::Wal => {
                 let slot = testing::unique("bench_wal");
                 let guard = SlotGuard::new(&database_options(database), &slot);
