@@ -34,10 +34,15 @@ pub const OPS: OpsPage = OpsPage {
             label: "Parked aggregates",
             alert: true,
         },
-        // Shown only with RELAY_WAL_SLOT, which the stats hold it for.
+        // Shown only with RELAY_WAL_SLOT, which the stats hold them for.
         Tile {
             key: "walLagBytes",
             label: "WAL slot lag",
+            alert: false,
+        },
+        Tile {
+            key: "walLagSeconds",
+            label: "WAL slot waiting",
             alert: false,
         },
     ],

@@ -45,6 +45,10 @@ pub struct OutboxStatsWithSlot {
     /// the slot.
     #[serde(skip_serializing_if = "Option::is_none")]
     wal_lag_bytes: Option<i64>,
+    /// With `RELAY_WAL_SLOT`: how long the oldest of those bytes has waited, as every instance
+    /// reads it every five seconds, to within that interval (0 when none wait).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    wal_lag_seconds: Option<f64>,
 }
 
 /// Pending events (exact below 10,000, estimated beyond with a margin), dead and parked events
@@ -53,13 +57,17 @@ pub struct OutboxStatsWithSlot {
 #[utoipa::path(get, path = "/outbox/stats", tag = "outbox",
     responses((status = 200, description = "Current outbox counts", body = OutboxStatsWithSlot)))]
 async fn stats(State(state): State<AppState>) -> Result<Json<OutboxStatsWithSlot>, ApiError> {
-    let wal_lag_bytes = match &state.wal_slot {
-        Some(slot) => Some(wal::lag_bytes(&state.pool, slot).await?.unwrap_or(0)),
-        None => None,
+    let (wal_lag_bytes, wal_lag_seconds) = match &state.wal_slot {
+        Some((slot, lag)) => (
+            Some(wal::lag_bytes(&state.pool, slot).await?.unwrap_or(0)),
+            Some(lag.last().map_or(0.0, |lag| lag.waited.as_secs_f64())),
+        ),
+        None => (None, None),
     };
     Ok(Json(OutboxStatsWithSlot {
         outbox: outbox::stats(&state.pool).await?,
         wal_lag_bytes,
+        wal_lag_seconds,
     }))
 }
 

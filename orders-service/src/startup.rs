@@ -10,7 +10,8 @@ use async_nats::jetstream::context::ContextBuilder;
 use axum::Router;
 use axum::extract::FromRef;
 use jetstream_outbox::{
-    Cleanup, JetStreamPublisher, RELAY_CONNECTIONS, Relay, StreamRepair, Wakeup, wal::WalWakeup,
+    Cleanup, JetStreamPublisher, RELAY_CONNECTIONS, Relay, StreamRepair, Wakeup,
+    wal::{SlotLag, WalWakeup},
 };
 use service_kit::admin::{AdminSecurity, AdminToken};
 use service_kit::history::{History, Refresh};
@@ -43,8 +44,8 @@ pub struct AppState {
     pub gauges: Arc<Cached<jetstream_outbox::OutboxStats>>,
     /// The last hour of the console's charts.
     pub history: History,
-    /// `RELAY_WAL_SLOT`, whose lag the stats show.
-    pub wal_slot: Option<String>,
+    /// `RELAY_WAL_SLOT` and its lag as last read, which the stats show.
+    pub wal_slot: Option<(String, SlotLag)>,
 }
 
 #[derive(OpenApi)]
@@ -163,7 +164,10 @@ impl App {
                 .with_named(config.common.ops_tokens()),
             gauges: Arc::new(Cached::new(service_kit::metrics::GAUGE_INTERVAL)),
             history: history.clone(),
-            wal_slot: wal_wakeup.as_ref().and(config.relay_wal_slot.clone()),
+            wal_slot: wal_wakeup
+                .as_ref()
+                .zip(config.relay_wal_slot.clone())
+                .map(|(wal, slot)| (slot, wal.lag())),
         };
         let refresh = console::refresh(state.clone());
         let router = router(

@@ -65,6 +65,11 @@ pub fn describe() {
         Unit::Bytes,
         "WAL the relay's replication slot has not confirmed (feature `wal`)."
     );
+    describe_gauge!(
+        "outbox_wal_lag_seconds",
+        Unit::Seconds,
+        "How long the oldest WAL the relay's replication slot has not confirmed has waited, to within the 5 s between readings (feature `wal`)."
+    );
     describe_counter!(
         "outbox_wal_slot_recreated_total",
         Unit::Count,

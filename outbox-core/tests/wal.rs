@@ -207,3 +207,55 @@ async fn a_slot_of_another_kind_is_refused_and_left_alone(pool: PgPool) {
     );
     drop(slot);
 }
+
+/// A slot nobody streams (here another session holds the lock that picks the streaming
+/// instance) shows its lag in bytes and in seconds, and no wait once an instance streams it.
+#[sqlx::test(migrations = false)]
+async fn a_slot_nobody_streams_shows_how_long_its_wal_has_waited(pool: PgPool) {
+    migrate(&pool).await;
+    let slot = slot_of(&pool);
+    let wal = WalWakeup::new(&url_of(&pool), slot.name(), &Wakeup::in_process())
+        .expect("a good URL")
+        .retry(Duration::from_millis(100));
+    // The publication first: a slot decodes with the catalog as it was when each change was
+    // written, and a change from before the publication existed stops its stream.
+    wal.check(&pool).await.expect("the publication made");
+    sqlx::query("SELECT pg_create_logical_replication_slot($1, 'pgoutput')")
+        .bind(slot.name())
+        .execute(&pool)
+        .await
+        .unwrap();
+    let mut holder = pool.acquire().await.unwrap().detach();
+    sqlx::query("SELECT pg_advisory_lock(hashtextextended('outbox_wal/' || $1, 0))")
+        .bind(slot.name())
+        .execute(&mut holder)
+        .await
+        .unwrap();
+    let shutdown = CancellationToken::new();
+    let lag = wal.lag();
+    let task = {
+        let (pool, shutdown) = (pool.clone(), shutdown.clone());
+        tokio::spawn(async move { wal.run(pool, shutdown).await.expect("streams") })
+    };
+    enqueue(&pool, "o1", "OrderPlaced", json!({"orderId": "o1"})).await;
+
+    // Readings come every five seconds: the second one that sees the WAL finds it waited.
+    let waiting = eventually(
+        "the slot's lag in seconds",
+        Duration::from_secs(20),
+        || async {
+            lag.last()
+                .filter(|lag| lag.waited >= Duration::from_secs(4))
+        },
+    )
+    .await;
+    assert!(waiting.bytes > 0, "{waiting:?}");
+    sqlx::Connection::close(holder).await.unwrap();
+    slot_streamed_by(&pool, slot.name()).await;
+    // Other tests' WAL keeps the bytes above 0 for a moment at a time; the wait ends.
+    eventually("no wait once streamed", Duration::from_secs(15), || async {
+        lag.last().filter(|lag| lag.waited.is_zero())
+    })
+    .await;
+    finish(slot, shutdown, vec![task]).await;
+}

@@ -43,6 +43,7 @@
 
 mod connect;
 mod insert;
+mod lag;
 mod lead;
 mod pending;
 mod storage;
@@ -54,6 +55,7 @@ use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
 use crate::Wakeup;
+pub use lag::{Lag, SlotLag};
 use lead::{LeadError, Turn};
 
 /// The publication [`WalWakeup`] streams unless told otherwise.
@@ -99,6 +101,7 @@ pub struct WalWakeup {
     publication: String,
     wakeup: Wakeup,
     retry: Duration,
+    lag: SlotLag,
 }
 
 impl WalWakeup {
@@ -114,6 +117,7 @@ impl WalWakeup {
             publication: PUBLICATION.to_owned(),
             wakeup: wakeup.clone(),
             retry: Duration::from_secs(1),
+            lag: SlotLag::default(),
         })
     }
 
@@ -131,6 +135,11 @@ impl WalWakeup {
     pub fn retry(mut self, every: Duration) -> Self {
         self.retry = every.max(LEAST_RETRY);
         self
+    }
+
+    /// The slot's lag as [`Self::run`] reads it, every five seconds on every instance.
+    pub fn lag(&self) -> SlotLag {
+        self.lag.clone()
     }
 
     /// Checks, for a service to refuse to start without them: the server's `wal_level`, the
@@ -227,19 +236,27 @@ impl WalWakeup {
         }
     }
 
-    /// Sets `outbox_wal_lag_bytes` every [`LAG_INTERVAL`], on every instance: a slot nobody
-    /// streams keeps its WAL, which is what the gauge is watched for.
+    /// Reads the slot's lag every [`LAG_INTERVAL`], on every instance, into [`Self::lag`] and
+    /// the gauges `outbox_wal_lag_bytes` and `outbox_wal_lag_seconds`: a slot nobody streams
+    /// keeps its WAL, which is what they are watched for.
     async fn watch_lag(&self, pool: &PgPool, shutdown: &CancellationToken) {
         let mut every = tokio::time::interval(LAG_INTERVAL);
         every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut readings = lag::Readings::default();
         loop {
-            let lag = tokio::select! {
+            let positions = tokio::select! {
                 () = shutdown.cancelled() => return,
-                _ = every.tick() => lead::answered("the slot's lag", lag_bytes(pool, &self.slot)).await,
+                _ = every.tick() => {
+                    lead::answered("the slot's lag", storage::positions(pool, &self.slot)).await
+                }
             };
-            match lag {
-                // Without the slot no WAL is kept for it.
-                Ok(Ok(lag)) => metrics::gauge!("outbox_wal_lag_bytes").set(lag.unwrap_or(0) as f64),
+            match positions {
+                Ok(Ok(positions)) => {
+                    let lag = readings.read(tokio::time::Instant::now(), positions);
+                    metrics::gauge!("outbox_wal_lag_bytes").set(lag.bytes as f64);
+                    metrics::gauge!("outbox_wal_lag_seconds").set(lag.waited.as_secs_f64());
+                    self.lag.set(lag);
+                }
                 Ok(Err(error)) => tracing::debug!(error = %error, "cannot read the slot's lag"),
                 Err(error) => tracing::debug!(error = %error, "cannot read the slot's lag"),
             }

@@ -113,6 +113,20 @@ pub(super) async fn lag_bytes(pool: &PgPool, slot: &str) -> sqlx::Result<Option<
     .map(Option::flatten)
 }
 
+/// The server's WAL position and the one the slot confirmed, in bytes from the WAL's start;
+/// `None` when there is no such slot.
+pub(super) async fn positions(pool: &PgPool, slot: &str) -> sqlx::Result<Option<(i64, i64)>> {
+    let row = sqlx::query!(
+        r#"SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint AS "current!",
+                  pg_wal_lsn_diff(confirmed_flush_lsn, '0/0')::bigint AS "confirmed"
+           FROM pg_replication_slots WHERE slot_name = $1 AND database = current_database()"#,
+        slot
+    )
+    .fetch_optional(pool)
+    .await?;
+    Ok(row.and_then(|row| Some((row.current, row.confirmed?))))
+}
+
 /// `Ok` for an object another instance created first.
 fn ignore_duplicate(result: sqlx::Result<()>) -> sqlx::Result<()> {
     match result {
