@@ -73,7 +73,7 @@ pub fn describe() {
     describe_counter!(
         "outbox_wal_slot_recreated_total",
         Unit::Count,
-        "Replication slots made again after the server removed WAL they needed (feature `wal`)."
+        "Replication slots made again after the server removed WAL they needed, or because they were older than their publication (feature `wal`)."
     );
     describe_histogram!(
         "outbox_commit_to_ack_seconds",

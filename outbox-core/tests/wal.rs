@@ -259,3 +259,45 @@ async fn a_slot_nobody_streams_shows_how_long_its_wal_has_waited(pool: PgPool) {
     .await;
     finish(slot, shutdown, vec![task]).await;
 }
+
+/// A slot made before its publication (by hand, or the publication dropped and made again
+/// under it) cannot be streamed: decoding a change written while the publication did not exist
+/// fails, each time. The wake-up makes the slot again, and it confirms what follows.
+#[sqlx::test(migrations = false)]
+async fn a_slot_older_than_its_publication_is_made_again(pool: PgPool) {
+    migrate(&pool).await;
+    let stream = TestStream::new().await;
+    let slot = slot_of(&pool);
+    sqlx::query("SELECT pg_create_logical_replication_slot($1, 'pgoutput')")
+        .bind(slot.name())
+        .execute(&pool)
+        .await
+        .unwrap();
+    // A change the slot must decode before any of the publication's time.
+    enqueue(&pool, "o1", "OrderPlaced", json!({"orderId": "o1"})).await;
+    let (wakeup, shutdown) = (Wakeup::in_process(), CancellationToken::new());
+    sleepy_relay(&pool, &stream, &wakeup, &shutdown);
+    let wal = wal_wakeup(&pool, slot.name(), &wakeup, &shutdown);
+
+    enqueue(&pool, "o1", "OrderPaid", json!({"orderId": "o1"})).await;
+    let written: String = sqlx::query_scalar("SELECT pg_current_wal_lsn()::text")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    eventually("the slot confirmed past the commit", AT_ONCE, || async {
+        sqlx::query_scalar::<_, bool>(
+            "SELECT confirmed_flush_lsn >= $2::pg_lsn FROM pg_replication_slots
+             WHERE slot_name = $1",
+        )
+        .bind(slot.name())
+        .bind(&written)
+        .fetch_optional(&pool)
+        .await
+        .ok()
+        .flatten()
+        .filter(|confirmed| *confirmed)
+    })
+    .await;
+    published(&stream, 2).await;
+    finish(slot, shutdown, vec![wal]).await;
+}

@@ -133,7 +133,42 @@ impl WalWakeup {
         if timeout(ANSWER_WITHIN, client.shutdown()).await.is_err() {
             client.abort();
         }
-        streamed
+        match streamed {
+            Err(LeadError::Replication(error)) if undefined_object(&error) => {
+                self.make_again_if_older_than_publication(conn).await?;
+                Err(LeadError::Replication(error))
+            }
+            other => other,
+        }
+    }
+
+    /// After the stream failed on an object that does not exist. With the slot there, that is
+    /// its publication, as the catalog was when a change the slot must decode was written: the
+    /// slot was made before the publication, or the publication dropped (and maybe made again)
+    /// under it. Decoding would fail there every time, so the publication is made if missing,
+    /// and the slot again after it.
+    async fn make_again_if_older_than_publication(
+        &self,
+        conn: &mut PgConnection,
+    ) -> Result<(), LeadError> {
+        // A slot missing is made at the next turn.
+        if storage::slot(conn, &self.slot)
+            .await?
+            .is_none_or(|slot| !slot.ours)
+        {
+            return Ok(());
+        }
+        tracing::warn!(
+            slot = %self.slot,
+            publication = %self.publication,
+            "the replication slot is older than its publication; making it again (every event is in the outbox table)"
+        );
+        metrics::counter!("outbox_wal_slot_recreated_total").increment(1);
+        storage::ensure_publication(conn, &self.publication).await?;
+        self.end_stream(conn).await?;
+        storage::drop_slot(conn, &self.slot).await?;
+        storage::create_slot(conn, &self.slot).await?;
+        Ok(())
     }
 
     /// Makes the slot when missing or lost, and ends a stream an instance that lost its lock
@@ -247,6 +282,12 @@ impl WalWakeup {
             }
         }
     }
+}
+
+/// Whether the server refused on an object that does not exist (SQLSTATE 42704, which
+/// `pgwire-replication` gives only in the message's text).
+fn undefined_object(error: &pgwire_replication::PgWireError) -> bool {
+    matches!(error, pgwire_replication::PgWireError::Server(message) if message.ends_with("(SQLSTATE 42704)"))
 }
 
 /// Waits until `at`, or forever without one.

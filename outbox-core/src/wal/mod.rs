@@ -11,9 +11,10 @@
 //!
 //! The table stays the source of truth: the relay claims and publishes from it as it does
 //! when polling. So the slot is confirmed as soon as a commit is read, its retained WAL never
-//! grows while the broker or the relay is down, and a slot dropped or lost
-//! (`max_slot_wal_keep_size`, a failover to a standby without it) loses no event: it is made
-//! again, and everything committed meanwhile is in the table, which the relay reads at once.
+//! grows while the broker or the relay is down, and a slot dropped, lost
+//! (`max_slot_wal_keep_size`, a failover to a standby without it), or older than its
+//! publication (which PostgreSQL 15 cannot decode past) loses no event: it is made again, and
+//! everything committed meanwhile is in the table, which the relay reads at once.
 //!
 //! Several instances may run one: a session advisory lock picks the one that streams, the
 //! others try to take it every [`WalWakeup::retry`]. Only the streaming instance's relays are
@@ -150,8 +151,8 @@ impl WalWakeup {
         if level != "logical" {
             return Err(WalError::WalLevel(level));
         }
-        storage::ensure_publication(pool, &self.publication).await?;
         let mut conn = pool.acquire().await?;
+        storage::ensure_publication(&mut conn, &self.publication).await?;
         if storage::slot(&mut conn, &self.slot)
             .await?
             .is_some_and(|slot| !slot.ours)

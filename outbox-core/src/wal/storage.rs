@@ -14,12 +14,12 @@ pub(super) async fn wal_level(pool: &PgPool) -> sqlx::Result<String> {
 }
 
 /// Publishes the outbox's inserts under `name`, once: a concurrent creation is not an error.
-pub(super) async fn ensure_publication(pool: &PgPool, name: &str) -> sqlx::Result<()> {
+pub(super) async fn ensure_publication(conn: &mut PgConnection, name: &str) -> sqlx::Result<()> {
     let exists = sqlx::query_scalar!(
         r#"SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1) AS "exists!""#,
         name
     )
-    .fetch_one(pool)
+    .fetch_one(&mut *conn)
     .await?;
     if exists {
         return Ok(());
@@ -27,7 +27,7 @@ pub(super) async fn ensure_publication(pool: &PgPool, name: &str) -> sqlx::Resul
     let created = sqlx::query(sqlx::AssertSqlSafe(format!(
         "CREATE PUBLICATION \"{name}\" FOR TABLE outbox WITH (publish = 'insert')"
     )))
-    .execute(pool)
+    .execute(conn)
     .await;
     ignore_duplicate(created.map(drop))
 }
