@@ -470,7 +470,7 @@ pub async fn run_max_rate(options: &Options) -> anyhow::Result<()> {
     filled::settle().await;
     let http = http::max_rate(connections, length, None, Wake::Poll).await?;
     filled::settle().await;
-    let pipeline = scale::scale(1, 1, connections, length).await?;
+    let pipeline = scale::scale(1, 1, connections, length, Wake::Poll).await?;
     println!("plain transaction      {plain:>8.0} tx/s");
     for (figure, rate) in [
         ("order transaction", order),
@@ -557,6 +557,7 @@ async fn scale_out(options: &Options) -> anyhow::Result<Vec<scale::Scale>> {
             nats_nodes,
             options.connections,
             options.max_rate_for,
+            Wake::Poll,
         )
         .await?;
         progress(&format!(

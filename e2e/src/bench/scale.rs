@@ -3,11 +3,13 @@
 
 use std::time::Duration;
 
+use jetstream_outbox::testing::slot_streamed_by;
 use serde::{Deserialize, Serialize};
 use service_kit::testing;
 use sqlx::PgPool;
 
 use super::http::{all_invoiced, env, hammer, log_dir};
+use super::wal::Wake;
 use crate::Names;
 use crate::process::{Kind, NatsServer, Service};
 
@@ -24,13 +26,15 @@ pub struct Scale {
     pub invoiced_per_sec: f64,
 }
 
-/// Runs `replicas` of each service against `nats_nodes` (1 or 3) servers, `POST`s from
-/// `connections` clients for `length`, and waits until every accepted order is invoiced.
+/// Runs `replicas` of each service against `nats_nodes` (1 or 3) servers, the relays woken as
+/// `wake` says, `POST`s from `connections` clients for `length`, and waits until every
+/// accepted order is invoiced.
 pub async fn scale(
     replicas: usize,
     nats_nodes: usize,
     connections: usize,
     length: Duration,
+    wake: Wake,
 ) -> anyhow::Result<Scale> {
     let names = Names::unique();
     let logs = log_dir();
@@ -49,11 +53,15 @@ pub async fn scale(
         env.push(("NATS_STREAM_REPLICAS".into(), nats_nodes.to_string()));
         env
     };
+    // One slot for all the instances, as deployed: one of them streams it. Declared before
+    // the services, so that on an error it is dropped after they end.
+    let (wake_env, slot) = wake.orders_env(&names.orders_db);
     let mut services = Vec::new();
     // orders-service first: it makes the stream, which billing waits for.
     let mut urls = Vec::new();
     for _ in 0..replicas {
-        let env = with_replicas(env(&names, &names.orders_db, &nats_url));
+        let mut env = with_replicas(env(&names, &names.orders_db, &nats_url));
+        env.extend(wake_env.iter().cloned());
         let orders = Service::start(Kind::Orders, env, &logs).await;
         urls.push(orders.url.clone());
         services.push(orders);
@@ -63,8 +71,12 @@ pub async fn scale(
         services.push(Service::start(Kind::Billing, env, &logs).await);
     }
 
-    let accepted_per_sec = hammer(&urls, connections, length).await?;
     let orders_db = PgPool::connect(&testing::database_url(&names.orders_db)).await?;
+    if let Some(slot) = &slot {
+        // The service streams its slot only once it is ready.
+        slot_streamed_by(&orders_db, slot.name()).await;
+    }
+    let accepted_per_sec = hammer(&urls, connections, length).await?;
     let billing_db = PgPool::connect(&testing::database_url(&names.billing_db)).await?;
     let invoiced_per_sec = invoiced_per_sec(&orders_db, &billing_db).await?;
 
@@ -73,6 +85,7 @@ pub async fn scale(
     for service in &mut services {
         service.terminate().await;
     }
+    drop(slot);
     names.clean_up().await;
     Ok(Scale {
         replicas,

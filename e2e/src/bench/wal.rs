@@ -1,6 +1,7 @@
 //! The relay polling alone against the relay also woken from a replication slot
 //! (`RELAY_WAL_SLOT`), side by side in one run, each measurement in both modes one after the
-//! other: the drain, `POST /orders` at maximum rate, the steady phase with its CPU time and WAL
+//! other: the drain, `POST /orders` and the whole pipeline at maximum rate, the steady
+//! phase with its CPU time and WAL
 //! per order, and the commits another application makes with SQL `outbox_enqueue`, which only
 //! the slot tells a relay of. Skipped unless the server's `wal_level` is `logical` and the
 //! role has `REPLICATION`.
@@ -14,7 +15,7 @@ use service_kit::testing;
 use sqlx::PgPool;
 
 use super::http::{self, Latency, Steady};
-use super::{Options, drain, filled, progress, refs};
+use super::{Options, drain, filled, progress, refs, scale};
 use crate::Names;
 use crate::process::{Kind, Service};
 
@@ -67,6 +68,10 @@ pub struct Mode {
     pub drain_per_sec: f64,
     /// `POST /orders` at maximum rate, orders per second.
     pub http_orders_per_sec: f64,
+    /// The whole pipeline at maximum rate, one instance of each service: invoices per second.
+    /// Runs before it was measured hold 0.
+    #[serde(default)]
+    pub pipeline_per_sec: f64,
     /// The steady phase through both services, with its [`super::cost::Cost`].
     pub steady: Steady,
     /// Another application's SQL commits: commit → the relay's claim.
@@ -145,6 +150,16 @@ pub async fn wal(options: &Options) -> anyhow::Result<Option<Wal>> {
             wake.name()
         ));
         figures.mode(wake).http_orders_per_sec = rate;
+    }
+    for wake in Wake::BOTH {
+        filled::settle().await;
+        let run = scale::scale(1, 1, options.connections, options.max_rate_for, wake).await?;
+        progress(&format!(
+            "  the whole pipeline, {}: {:.0} invoiced/s",
+            wake.name(),
+            run.invoiced_per_sec
+        ));
+        figures.mode(wake).pipeline_per_sec = run.invoiced_per_sec;
     }
     for wake in Wake::BOTH {
         filled::settle().await;
