@@ -4,7 +4,7 @@
 use axum::extract::State;
 use jetstream_outbox::OutboxStats;
 use jetstream_outbox::outbox::{self, DeadEvent, DeadFilter};
-use jetstream_outbox::wal;
+use jetstream_outbox::wal::SlotLag;
 use serde::{Deserialize, Serialize};
 use service_kit::admin::{Admin, AdminRefusals, Reader};
 use service_kit::audit;
@@ -41,12 +41,13 @@ pub struct OutboxStatsWithSlot {
     #[serde(flatten)]
     outbox: OutboxStats,
     /// With `RELAY_WAL_SLOT`: bytes of WAL the replication slot keeps that no instance has
-    /// confirmed (0 while the slot is being made again). It grows while no instance streams
+    /// confirmed, as this instance last read them, every few seconds (0 before its first
+    /// reading, or while the slot is being made again). It grows while no instance streams
     /// the slot.
     #[serde(skip_serializing_if = "Option::is_none")]
     wal_lag_bytes: Option<i64>,
-    /// With `RELAY_WAL_SLOT`: how long the oldest of those bytes has waited, as every instance
-    /// reads it every five seconds, to within that interval (0 when none wait).
+    /// With `RELAY_WAL_SLOT`: how long the oldest of those bytes has waited at least, from this
+    /// instance's readings, which start with it (0 when none wait).
     #[serde(skip_serializing_if = "Option::is_none")]
     wal_lag_seconds: Option<f64>,
 }
@@ -57,13 +58,9 @@ pub struct OutboxStatsWithSlot {
 #[utoipa::path(get, path = "/outbox/stats", tag = "outbox",
     responses((status = 200, description = "Current outbox counts", body = OutboxStatsWithSlot)))]
 async fn stats(State(state): State<AppState>) -> Result<Json<OutboxStatsWithSlot>, ApiError> {
-    let (wal_lag_bytes, wal_lag_seconds) = match &state.wal_slot {
-        Some((slot, lag)) => (
-            Some(wal::lag_bytes(&state.pool, slot).await?.unwrap_or(0)),
-            Some(lag.last().map_or(0.0, |lag| lag.waited.as_secs_f64())),
-        ),
-        None => (None, None),
-    };
+    let last = state.wal_lag.as_ref().map(SlotLag::last);
+    let wal_lag_bytes = last.map(|lag| lag.map_or(0, |lag| lag.bytes));
+    let wal_lag_seconds = last.map(|lag| lag.map_or(0.0, |lag| lag.waited.as_secs_f64()));
     Ok(Json(OutboxStatsWithSlot {
         outbox: outbox::stats(&state.pool).await?,
         wal_lag_bytes,

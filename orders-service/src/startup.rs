@@ -44,8 +44,8 @@ pub struct AppState {
     pub gauges: Arc<Cached<jetstream_outbox::OutboxStats>>,
     /// The last hour of the console's charts.
     pub history: History,
-    /// `RELAY_WAL_SLOT` and its lag as last read, which the stats show.
-    pub wal_slot: Option<(String, SlotLag)>,
+    /// With `RELAY_WAL_SLOT`, the slot's lag as last read, which the stats show.
+    pub wal_lag: Option<SlotLag>,
 }
 
 #[derive(OpenApi)]
@@ -164,10 +164,7 @@ impl App {
                 .with_named(config.common.ops_tokens()),
             gauges: Arc::new(Cached::new(service_kit::metrics::GAUGE_INTERVAL)),
             history: history.clone(),
-            wal_slot: wal_wakeup
-                .as_ref()
-                .zip(config.relay_wal_slot.clone())
-                .map(|(wal, slot)| (slot, wal.lag())),
+            wal_lag: wal_wakeup.as_ref().map(WalWakeup::lag),
         };
         let refresh = console::refresh(state.clone());
         let router = router(

@@ -68,7 +68,7 @@ pub fn describe() {
     describe_gauge!(
         "outbox_wal_lag_seconds",
         Unit::Seconds,
-        "How long the oldest WAL the relay's replication slot has not confirmed has waited, to within the 5 s between readings (feature `wal`)."
+        "How long the oldest WAL the relay's replication slot has not confirmed has waited, at least, as this instance's readings saw it (feature `wal`)."
     );
     describe_counter!(
         "outbox_wal_slot_recreated_total",

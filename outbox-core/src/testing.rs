@@ -259,6 +259,19 @@ pub async fn slot_streamed_by_another(pool: &sqlx::PgPool, slot: &str, previous:
     .await
 }
 
+/// A connection of its own holding the lock that picks the instance streaming `slot`: while
+/// it is open, every `WalWakeup` of that slot stands by and none streams it. Panics if the
+/// lock is taken.
+#[cfg(feature = "wal")]
+pub async fn hold_streaming_lock(pool: &sqlx::PgPool, slot: &str) -> sqlx::PgConnection {
+    let mut conn = pool.acquire().await.expect("a connection").detach();
+    let locked = crate::wal::try_lock(&mut conn, slot)
+        .await
+        .expect("the lock asked for");
+    assert!(locked, "the lock of the slot {slot} is free");
+    conn
+}
+
 /// The backend streaming `slot` now, if any.
 async fn streamer(pool: &sqlx::PgPool, slot: &str) -> Option<i32> {
     sqlx::query_scalar::<_, Option<i32>>(

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use common::{TestStream, enqueue, migrate};
 use jetstream_outbox::testing::{
-    SlotGuard, eventually, slot_streamed_by, slot_streamed_by_another,
+    SlotGuard, eventually, hold_streaming_lock, slot_streamed_by, slot_streamed_by_another,
 };
 use jetstream_outbox::wal::WalWakeup;
 use jetstream_outbox::{Relay, Wakeup};
@@ -225,12 +225,7 @@ async fn a_slot_nobody_streams_shows_how_long_its_wal_has_waited(pool: PgPool) {
         .execute(&pool)
         .await
         .unwrap();
-    let mut holder = pool.acquire().await.unwrap().detach();
-    sqlx::query("SELECT pg_advisory_lock(hashtextextended('outbox_wal/' || $1, 0))")
-        .bind(slot.name())
-        .execute(&mut holder)
-        .await
-        .unwrap();
+    let holder = hold_streaming_lock(&pool, slot.name()).await;
     let shutdown = CancellationToken::new();
     let lag = wal.lag();
     let task = {
@@ -253,7 +248,7 @@ async fn a_slot_nobody_streams_shows_how_long_its_wal_has_waited(pool: PgPool) {
     sqlx::Connection::close(holder).await.unwrap();
     slot_streamed_by(&pool, slot.name()).await;
     // Other tests' WAL keeps the bytes above 0 for a moment at a time; the wait ends.
-    eventually("no wait once streamed", Duration::from_secs(15), || async {
+    eventually("no wait once streamed", Duration::from_secs(30), || async {
         lag.last().filter(|lag| lag.waited.is_zero())
     })
     .await;
@@ -284,20 +279,28 @@ async fn a_slot_older_than_its_publication_is_made_again(pool: PgPool) {
         .fetch_one(&pool)
         .await
         .unwrap();
-    eventually("the slot confirmed past the commit", AT_ONCE, || async {
-        sqlx::query_scalar::<_, bool>(
-            "SELECT confirmed_flush_lsn >= $2::pg_lsn FROM pg_replication_slots
+    // Making a slot waits for every transaction running on the server, other tests' too.
+    eventually(
+        "the slot confirmed past the commit",
+        Duration::from_secs(30),
+        || async {
+            sqlx::query_scalar::<_, bool>(
+                "SELECT confirmed_flush_lsn >= $2::pg_lsn FROM pg_replication_slots
              WHERE slot_name = $1",
-        )
-        .bind(slot.name())
-        .bind(&written)
-        .fetch_optional(&pool)
-        .await
-        .ok()
-        .flatten()
-        .filter(|confirmed| *confirmed)
-    })
+            )
+            .bind(slot.name())
+            .bind(&written)
+            .fetch_optional(&pool)
+            .await
+            .ok()
+            .flatten()
+            .filter(|confirmed| *confirmed)
+        },
+    )
     .await;
     published(&stream, 2).await;
+    // Each new stream wakes the relay once; this commit is woken by the slot made again.
+    enqueue(&pool, "o1", "OrderShipped", json!({"orderId": "o1"})).await;
+    published(&stream, 3).await;
     finish(slot, shutdown, vec![wal]).await;
 }

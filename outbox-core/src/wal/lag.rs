@@ -1,7 +1,9 @@
 //! The slot's lag, in bytes and in seconds. PostgreSQL 15 keeps no time beside a WAL
 //! position, so every instance notes the server's position at each reading, and a slot's
-//! lag in seconds is how long ago a reading first saw WAL the slot has still not confirmed:
-//! a lower bound, short of the truth by less than the time between two readings.
+//! lag in seconds is how long ago one of its readings first saw WAL the slot has still not
+//! confirmed: a lower bound. It is short of the truth by the time between two readings, more
+//! after readings failed or were thinned, and by however long the WAL waited before the
+//! instance started.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};

@@ -1,6 +1,6 @@
 //! The instance that streams: it holds the session lock of its slot, makes the slot when
-//! missing or lost, ends a stream another instance left, and wakes the relays at each commit
-//! that inserted into the outbox.
+//! missing, lost or older than its publication, ends a stream another instance left, and wakes
+//! the relays at each commit that inserted into the outbox.
 
 use std::time::Duration;
 
@@ -134,19 +134,29 @@ impl WalWakeup {
             client.abort();
         }
         match streamed {
-            Err(LeadError::Replication(error)) if undefined_object(&error) => {
-                self.make_again_if_older_than_publication(conn).await?;
+            Err(LeadError::Replication(error)) if self.publication_missing(&error) => {
+                // Failing at its first change, the stream does not end a run of failures.
+                *started = false;
+                tokio::select! {
+                    () = shutdown.cancelled() => return Ok(()),
+                    made = self.make_again_if_older_than_publication(conn) => made?,
+                }
                 Err(LeadError::Replication(error))
             }
             other => other,
         }
     }
 
-    /// After the stream failed on an object that does not exist. With the slot there, that is
-    /// its publication, as the catalog was when a change the slot must decode was written: the
-    /// slot was made before the publication, or the publication dropped (and maybe made again)
-    /// under it. Decoding would fail there every time, so the publication is made if missing,
-    /// and the slot again after it.
+    /// Whether the server could not decode because this publication did not exist (SQLSTATE
+    /// 42704, which `pgwire-replication` gives only in the message's text, naming it).
+    fn publication_missing(&self, error: &pgwire_replication::PgWireError) -> bool {
+        matches!(error, pgwire_replication::PgWireError::Server(message)
+            if message.ends_with("(SQLSTATE 42704)")
+                && message.contains(&format!("\"{}\"", self.publication)))
+    }
+
+    /// Decoding fails at every attempt on a change written while the publication did not
+    /// exist: makes the publication if missing, and the slot again after it.
     async fn make_again_if_older_than_publication(
         &self,
         conn: &mut PgConnection,
@@ -163,11 +173,11 @@ impl WalWakeup {
             publication = %self.publication,
             "the replication slot is older than its publication; making it again (every event is in the outbox table)"
         );
-        metrics::counter!("outbox_wal_slot_recreated_total").increment(1);
         storage::ensure_publication(conn, &self.publication).await?;
         self.end_stream(conn).await?;
         storage::drop_slot(conn, &self.slot).await?;
         storage::create_slot(conn, &self.slot).await?;
+        metrics::counter!("outbox_wal_slot_recreated_total").increment(1);
         Ok(())
     }
 
@@ -282,12 +292,6 @@ impl WalWakeup {
             }
         }
     }
-}
-
-/// Whether the server refused on an object that does not exist (SQLSTATE 42704, which
-/// `pgwire-replication` gives only in the message's text).
-fn undefined_object(error: &pgwire_replication::PgWireError) -> bool {
-    matches!(error, pgwire_replication::PgWireError::Server(message) if message.ends_with("(SQLSTATE 42704)"))
 }
 
 /// Waits until `at`, or forever without one.

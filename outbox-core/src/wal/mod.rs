@@ -138,7 +138,7 @@ impl WalWakeup {
         self
     }
 
-    /// The slot's lag as [`Self::run`] reads it, every five seconds on every instance.
+    /// The slot's lag as [`Self::run`] last read it (it reads it regularly, on every instance).
     pub fn lag(&self) -> SlotLag {
         self.lag.clone()
     }
@@ -165,7 +165,7 @@ impl WalWakeup {
     /// Streams until `shutdown` (see the module documentation); `pool` is the outbox's
     /// database. Returns an error only for what retrying cannot mend ([`WalError::WalLevel`],
     /// [`WalError::SlotTaken`]); it retries the rest: the database unreachable or restarted,
-    /// the slot dropped or lost, another instance streaming.
+    /// the slot dropped, lost or older than its publication, another instance streaming.
     pub async fn run(self, pool: PgPool, shutdown: CancellationToken) -> Result<(), WalError> {
         let mut failures = 0;
         loop {
@@ -268,7 +268,15 @@ impl WalWakeup {
 /// How many bytes of WAL the slot `slot` keeps that its streamer has not confirmed; `None`
 /// when there is no such slot.
 pub async fn lag_bytes(pool: &PgPool, slot: &str) -> sqlx::Result<Option<i64>> {
-    storage::lag_bytes(pool, slot).await
+    let positions = storage::positions(pool, slot).await?;
+    Ok(positions.map(|(current, confirmed)| current - confirmed))
+}
+
+/// Takes the session lock that picks the instance streaming `slot`, if free, for a test to
+/// keep every instance standing by.
+#[cfg(feature = "testing")]
+pub(crate) async fn try_lock(conn: &mut sqlx::PgConnection, slot: &str) -> sqlx::Result<bool> {
+    storage::try_lock(conn, slot).await
 }
 
 /// `name` when it can name a slot or publication here: `a-z`, `0-9` and `_`, at most 63.

@@ -101,18 +101,6 @@ pub(super) async fn try_lock(conn: &mut PgConnection, slot: &str) -> sqlx::Resul
     .await
 }
 
-/// How many bytes of WAL the slot has not confirmed.
-pub(super) async fn lag_bytes(pool: &PgPool, slot: &str) -> sqlx::Result<Option<i64>> {
-    sqlx::query_scalar!(
-        r#"SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::bigint AS "lag"
-           FROM pg_replication_slots WHERE slot_name = $1 AND database = current_database()"#,
-        slot
-    )
-    .fetch_optional(pool)
-    .await
-    .map(Option::flatten)
-}
-
 /// The server's WAL position and the one the slot confirmed, in bytes from the WAL's start;
 /// `None` when there is no such slot.
 pub(super) async fn positions(pool: &PgPool, slot: &str) -> sqlx::Result<Option<(i64, i64)>> {
