@@ -42,7 +42,7 @@ pub const OPS: OpsPage = OpsPage {
         },
         Tile {
             key: "walLagSeconds",
-            label: "WAL slot waiting",
+            label: "Oldest unconfirmed WAL",
             alert: false,
         },
     ],
