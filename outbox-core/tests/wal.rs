@@ -51,11 +51,29 @@ fn wal_wakeup(
     wakeup: &Wakeup,
     shutdown: &CancellationToken,
 ) -> JoinHandle<()> {
-    let wal = WalWakeup::new(&url_of(pool), slot, wakeup)
+    run(quick_wal_wakeup(pool, slot, wakeup), pool, shutdown)
+}
+
+/// A wake-up of `slot` for `wakeup`, retrying quickly.
+fn quick_wal_wakeup(pool: &PgPool, slot: &str, wakeup: &Wakeup) -> WalWakeup {
+    WalWakeup::new(&url_of(pool), slot, wakeup)
         .expect("a good URL")
-        .retry(Duration::from_millis(100));
+        .retry(Duration::from_millis(100))
+}
+
+/// Runs `wal` until `shutdown`.
+fn run(wal: WalWakeup, pool: &PgPool, shutdown: &CancellationToken) -> JoinHandle<()> {
     let (pool, shutdown) = (pool.clone(), shutdown.clone());
     tokio::spawn(async move { wal.run(pool, shutdown).await.expect("streams") })
+}
+
+/// Makes the logical slot `slot` by hand, as an operator would.
+async fn create_slot(pool: &PgPool, slot: &str) {
+    sqlx::query("SELECT pg_create_logical_replication_slot($1, 'pgoutput')")
+        .bind(slot)
+        .execute(pool)
+        .await
+        .expect("the slot made");
 }
 
 /// Stops `tasks`, then drops the slot (once its stream ends).
@@ -214,24 +232,15 @@ async fn a_slot_of_another_kind_is_refused_and_left_alone(pool: PgPool) {
 async fn a_slot_nobody_streams_shows_how_long_its_wal_has_waited(pool: PgPool) {
     migrate(&pool).await;
     let slot = slot_of(&pool);
-    let wal = WalWakeup::new(&url_of(&pool), slot.name(), &Wakeup::in_process())
-        .expect("a good URL")
-        .retry(Duration::from_millis(100));
+    let wal = quick_wal_wakeup(&pool, slot.name(), &Wakeup::in_process());
     // The publication first: a slot decodes with the catalog as it was when each change was
     // written, and a change from before the publication existed stops its stream.
     wal.check(&pool).await.expect("the publication made");
-    sqlx::query("SELECT pg_create_logical_replication_slot($1, 'pgoutput')")
-        .bind(slot.name())
-        .execute(&pool)
-        .await
-        .unwrap();
+    create_slot(&pool, slot.name()).await;
     let holder = hold_streaming_lock(&pool, slot.name()).await;
     let shutdown = CancellationToken::new();
     let lag = wal.lag();
-    let task = {
-        let (pool, shutdown) = (pool.clone(), shutdown.clone());
-        tokio::spawn(async move { wal.run(pool, shutdown).await.expect("streams") })
-    };
+    let task = run(wal, &pool, &shutdown);
     enqueue(&pool, "o1", "OrderPlaced", json!({"orderId": "o1"})).await;
 
     // Readings come every five seconds: the second one that sees the WAL finds it waited.
@@ -263,11 +272,7 @@ async fn a_slot_older_than_its_publication_is_made_again(pool: PgPool) {
     migrate(&pool).await;
     let stream = TestStream::new().await;
     let slot = slot_of(&pool);
-    sqlx::query("SELECT pg_create_logical_replication_slot($1, 'pgoutput')")
-        .bind(slot.name())
-        .execute(&pool)
-        .await
-        .unwrap();
+    create_slot(&pool, slot.name()).await;
     // A change the slot must decode before any of the publication's time.
     enqueue(&pool, "o1", "OrderPlaced", json!({"orderId": "o1"})).await;
     let (wakeup, shutdown) = (Wakeup::in_process(), CancellationToken::new());
