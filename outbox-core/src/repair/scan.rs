@@ -27,10 +27,7 @@ pub(super) async fn message_id_at(
         return Ok(None);
     }
     match stream.get_raw_message(seq).await {
-        Ok(message) => Ok(message
-            .headers
-            .get(async_nats::header::NATS_MESSAGE_ID)
-            .map(|id| id.as_str().to_owned())),
+        Ok(message) => Ok(message_id(Some(&message.headers))),
         Err(error) if error.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(None),
         Err(error) => Err(RepairError::Broker(Box::new(error))),
     }
@@ -122,10 +119,18 @@ pub(super) async fn read_ids(
         .await
         .map_err(|error| broker(Box::new(error)))?;
     let mut ids = Vec::with_capacity(CHUNK);
+    let mut read = from_seq;
     loop {
-        let next = tokio::time::timeout(NEXT_MESSAGE, messages.next())
-            .await
-            .map_err(|_| broker("no message of the stream within 30 s".into()))?;
+        let Ok(next) = tokio::time::timeout(NEXT_MESSAGE, messages.next()).await else {
+            // Under load, nats-server has left ordered consumers of a complete stream
+            // delivering nothing, each new one alike: the relay would never publish again.
+            tracing::warn!(
+                after = read,
+                "the stream's ordered consumer delivers nothing; reading the rest a message at a time"
+            );
+            read_by_sequence(stream, read, last_seq, &mut scanned, &mut ids, conn).await?;
+            break;
+        };
         let message = match next {
             Some(Ok(message)) => message,
             // A missed heartbeat: the ordered consumer recovers by itself.
@@ -134,26 +139,118 @@ pub(super) async fn read_ids(
         };
         let info = message.info().map_err(broker)?;
         let (seq, pending) = (info.stream_sequence, info.pending);
-        scanned.scanned += 1;
-        let id = message
-            .headers
-            .as_ref()
-            .and_then(|headers| headers.get(async_nats::header::NATS_MESSAGE_ID))
-            .map(|id| id.as_str().to_owned());
-        if let Some(id) = id {
-            if let Ok(uuid) = id.parse() {
-                ids.push(uuid);
-            }
-            scanned.last = Some((seq, id));
-        }
-        if ids.len() >= CHUNK {
-            storage::seen(conn, &ids).await?;
-            ids.clear();
-        }
+        read = seq;
+        note(
+            &mut scanned,
+            &mut ids,
+            seq,
+            message_id(message.headers.as_ref()),
+            conn,
+        )
+        .await?;
         if seq >= last_seq || pending == 0 {
             break;
         }
     }
     storage::seen(conn, &ids).await?;
     Ok(scanned)
+}
+
+/// [`read_ids`]'s reading of the messages after `read` up to `last_seq`, a request each
+/// (a sequence the stream removed is passed).
+async fn read_by_sequence(
+    stream: &Stream,
+    read: u64,
+    last_seq: u64,
+    scanned: &mut Scanned,
+    ids: &mut Vec<uuid::Uuid>,
+    conn: &mut PgConnection,
+) -> Result<(), RepairError> {
+    for seq in read + 1..=last_seq {
+        match stream.get_raw_message(seq).await {
+            Ok(message) => {
+                note(scanned, ids, seq, message_id(Some(&message.headers)), conn).await?;
+            }
+            Err(error) if error.kind() == LastRawMessageErrorKind::NoMessageFound => {}
+            Err(error) => return Err(RepairError::Broker(Box::new(error))),
+        }
+    }
+    Ok(())
+}
+
+/// Notes the message read at `seq`, and its id if it has one; writes the ids a chunk at a time.
+async fn note(
+    scanned: &mut Scanned,
+    ids: &mut Vec<uuid::Uuid>,
+    seq: u64,
+    id: Option<String>,
+    conn: &mut PgConnection,
+) -> Result<(), RepairError> {
+    scanned.scanned += 1;
+    if let Some(id) = id {
+        if let Ok(uuid) = id.parse() {
+            ids.push(uuid);
+        }
+        scanned.last = Some((seq, id));
+    }
+    if ids.len() >= CHUNK {
+        storage::seen(conn, ids).await?;
+        ids.clear();
+    }
+    Ok(())
+}
+
+/// A message's `Nats-Msg-Id`.
+fn message_id(headers: Option<&async_nats::HeaderMap>) -> Option<String> {
+    headers
+        .and_then(|headers| headers.get(async_nats::header::NATS_MESSAGE_ID))
+        .map(|id| id.as_str().to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use async_nats::jetstream::{self, stream::Config};
+    use sqlx::PgPool;
+
+    use super::*;
+
+    /// The reading by sequence that stands in for a quiet ordered consumer notes every message
+    /// after the one given, passes a sequence the stream removed, and writes every id.
+    #[sqlx::test(migrations = false)]
+    async fn reading_by_sequence_notes_every_message_left(pool: PgPool) {
+        let url = std::env::var("NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into());
+        let context = jetstream::new(async_nats::connect(url).await.expect("NATS"));
+        let name = format!("SCAN_{}", uuid::Uuid::new_v4().simple());
+        let stream = context
+            .create_stream(Config {
+                name: name.clone(),
+                subjects: vec![format!("{name}.>")],
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        let ids: Vec<uuid::Uuid> = (0..5).map(|_| uuid::Uuid::new_v4()).collect();
+        for id in &ids {
+            let mut headers = async_nats::HeaderMap::new();
+            headers.insert(async_nats::header::NATS_MESSAGE_ID, id.to_string().as_str());
+            context
+                .publish_with_headers(format!("{name}.e"), headers, "{}".into())
+                .await
+                .unwrap()
+                .await
+                .unwrap();
+        }
+        stream.delete_message(4).await.unwrap();
+
+        let mut conn = pool.acquire().await.unwrap();
+        let mut tx = storage::begin_scan(&mut conn).await.unwrap();
+        let (mut scanned, mut seen) = (Scanned::default(), Vec::new());
+        read_by_sequence(&stream, 1, 5, &mut scanned, &mut seen, &mut tx)
+            .await
+            .unwrap();
+        assert_eq!(scanned.scanned, 3, "messages 2, 3 and 5");
+        assert_eq!(scanned.last, Some((5, ids[4].to_string())));
+        assert_eq!(seen, [ids[1], ids[2], ids[4]]);
+        context.delete_stream(&name).await.unwrap();
+    }
 }
