@@ -26,8 +26,18 @@ pub(super) async fn message_id_at(
     if seq == 0 {
         return Ok(None);
     }
+    Ok(headers_at(stream, seq)
+        .await?
+        .and_then(|headers| message_id(Some(&headers))))
+}
+
+/// The headers of the message at `seq`; `None` when the stream holds none there.
+async fn headers_at(
+    stream: &Stream,
+    seq: u64,
+) -> Result<Option<async_nats::HeaderMap>, RepairError> {
     match stream.get_raw_message(seq).await {
-        Ok(message) => Ok(message_id(Some(&message.headers))),
+        Ok(message) => Ok(Some(message.headers)),
         Err(error) if error.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(None),
         Err(error) => Err(RepairError::Broker(Box::new(error))),
     }
@@ -167,12 +177,8 @@ async fn read_by_sequence(
     conn: &mut PgConnection,
 ) -> Result<(), RepairError> {
     for seq in read + 1..=last_seq {
-        match stream.get_raw_message(seq).await {
-            Ok(message) => {
-                note(scanned, ids, seq, message_id(Some(&message.headers)), conn).await?;
-            }
-            Err(error) if error.kind() == LastRawMessageErrorKind::NoMessageFound => {}
-            Err(error) => return Err(RepairError::Broker(Box::new(error))),
+        if let Some(headers) = headers_at(stream, seq).await? {
+            note(scanned, ids, seq, message_id(Some(&headers)), conn).await?;
         }
     }
     Ok(())
