@@ -41,17 +41,7 @@ pub fn describe() {
         Unit::Count,
         "The relay's claims, by outcome: rows found, or empty."
     );
-    describe_counter!(
-        "outbox_republished_total",
-        Unit::Count,
-        "Events the broker acknowledged and then lost, moved back into the outbox to be \
-         published again."
-    );
-    describe_counter!(
-        "outbox_stream_checks_total",
-        Unit::Count,
-        "The relay's checks of its stream for what the broker forgot, by outcome."
-    );
+    describe_repair();
     describe_gauge!(
         "outbox_broker_unreachable",
         "1 while the relay cannot reach the broker, else 0."
@@ -104,5 +94,27 @@ pub fn describe() {
         "inbox_dead_letters_total",
         Unit::Count,
         "Messages kept as dead letters: they cannot be parsed, applied or deduplicated."
+    );
+}
+
+/// The metrics of the stream repair.
+fn describe_repair() {
+    use metrics::describe_counter;
+    describe_counter!(
+        "outbox_republished_total",
+        Unit::Count,
+        "Events the broker acknowledged and then lost, moved back into the outbox to be \
+         published again."
+    );
+    describe_counter!(
+        "outbox_stream_damaged_total",
+        Unit::Count,
+        "Streams deleted and made again because they returned none of the messages they \
+         counted: their files were gone from under the broker."
+    );
+    describe_counter!(
+        "outbox_stream_checks_total",
+        Unit::Count,
+        "The relay's checks of its stream for what the broker forgot, by outcome."
     );
 }

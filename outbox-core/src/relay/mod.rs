@@ -327,6 +327,7 @@ fn start_metrics(repairs: bool) {
     }
     if repairs {
         metrics::counter!("outbox_republished_total").increment(0);
+        metrics::counter!("outbox_stream_damaged_total").increment(0);
         for outcome in ["ok", "failed"] {
             metrics::counter!("outbox_stream_checks_total", "outcome" => outcome).increment(0);
         }

@@ -58,8 +58,11 @@ pub struct RepairReport {
     pub republished: u64,
     /// Messages whose ids were read from the stream.
     pub scanned: u64,
-    /// The stream did not exist and was created.
+    /// The stream did not exist, or was damaged, and was created.
     pub created: bool,
+    /// The stream returned none of the messages it counted (its files were gone from under
+    /// the broker) and was deleted and created again.
+    pub damaged: bool,
     /// The stream's last sequence when checked.
     pub last_seq: u64,
 }
@@ -93,6 +96,8 @@ pub(crate) struct StreamState {
     pub(crate) created: DateTime<Utc>,
     pub(crate) first_seq: u64,
     pub(crate) last_seq: u64,
+    /// Messages the stream counts.
+    pub(crate) messages: u64,
     /// The stream removes messages older than this (zero: never).
     pub(crate) max_age: Duration,
 }
@@ -161,9 +166,10 @@ impl StreamRepair {
         &self,
         conn: &mut sqlx::PgConnection,
     ) -> Result<(RepairReport, Position), RepairError> {
-        let (stream, state, created) = self.stream_or_create().await?;
+        let (stream, state, made) = self.stream_or_create().await?;
         let mut report = RepairReport {
-            created,
+            created: made != Made::No,
+            damaged: made == Made::InPlaceOfDamaged,
             last_seq: state.last_seq,
             ..RepairReport::default()
         };
@@ -282,20 +288,63 @@ impl StreamRepair {
         }
     }
 
-    /// The stream and its state, created from the spec when missing (and whether it was).
-    async fn stream_or_create(&self) -> Result<(stream::Stream, StreamState, bool), RepairError> {
-        if let Some((stream, state)) = self.stream().await? {
-            return Ok((stream, state, false));
-        }
-        tracing::warn!(stream = %self.spec.name, "the stream is gone; creating it again");
+    /// The stream and its state, created from the spec when missing or damaged (and whether it
+    /// was).
+    async fn stream_or_create(&self) -> Result<(stream::Stream, StreamState, Made), RepairError> {
+        let made = match self.stream().await? {
+            None => {
+                tracing::warn!(stream = %self.spec.name, "the stream is gone; creating it again");
+                Made::InPlaceOfMissing
+            }
+            Some((stream, state)) if !scan::returns_nothing(&stream, &state).await? => {
+                return Ok((stream, state, Made::No));
+            }
+            Some(_) => {
+                // Everything it counts is lost already; as it is, it acknowledges every publish
+                // and delivers nothing, to anyone, until nats-server restarts.
+                tracing::error!(
+                    stream = %self.spec.name,
+                    "the stream returns none of the messages it counts: its files are gone from \
+                     under the broker; deleting it and creating it again"
+                );
+                self.delete_stream().await?;
+                metrics::counter!("outbox_stream_damaged_total").increment(1);
+                Made::InPlaceOfDamaged
+            }
+        };
         let stream = self
             .context
             .get_or_create_stream(self.spec.config())
             .await
             .map_err(|error| RepairError::Broker(Box::new(error)))?;
         let state = StreamState::of(stream.cached_info());
-        Ok((stream, state, true))
+        Ok((stream, state, made))
     }
+
+    /// Deletes the stream; one already gone is no error.
+    async fn delete_stream(&self) -> Result<(), RepairError> {
+        match self.context.delete_stream(&self.spec.name).await {
+            Ok(_) => Ok(()),
+            Err(error)
+                if matches!(
+                    error.kind(),
+                    jetstream::context::DeleteStreamErrorKind::JetStream(ref answer)
+                        if answer.error_code() == jetstream::ErrorCode::STREAM_NOT_FOUND
+                ) =>
+            {
+                Ok(())
+            }
+            Err(error) => Err(RepairError::Broker(Box::new(error))),
+        }
+    }
+}
+
+/// Whether a check made the stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Made {
+    No,
+    InPlaceOfMissing,
+    InPlaceOfDamaged,
 }
 
 impl StreamState {
@@ -304,6 +353,7 @@ impl StreamState {
             created: to_chrono(info.created.unix_timestamp_nanos()),
             first_seq: info.state.first_sequence,
             last_seq: info.state.last_sequence,
+            messages: info.state.messages,
             max_age: info.config.max_age,
         }
     }
