@@ -111,7 +111,12 @@ impl<P: Publisher> Relay<P> {
         match watch.repair.check_at(&self.pool).await {
             Ok((report, position)) => {
                 metrics::counter!("outbox_stream_checks_total", "outcome" => "ok").increment(1);
-                self.acked_high.fetch_max(report.last_seq, Ordering::AcqRel);
+                if report.created {
+                    // A new stream numbers from one: what the old one acknowledged says nothing.
+                    self.acked_high.store(report.last_seq, Ordering::Release);
+                } else {
+                    self.acked_high.fetch_max(report.last_seq, Ordering::AcqRel);
+                }
                 let mut state = watch.state();
                 state.full = false;
                 state.connects = connects;
