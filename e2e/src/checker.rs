@@ -210,9 +210,9 @@ struct Entry {
 /// Reads a stream from its start, headers only, with an ordered consumer: a request per message
 /// took minutes for the backlog of a long outage. When the consumer goes quiet for 30 s, or keeps
 /// failing (errors, such as missed heartbeats, are the ordered consumer's to recover from), the
-/// rest is read a message at a time by sequence: twice in rehearsals on a loaded machine, an
-/// ordered consumer of a complete stream delivered nothing. It is the checker's reader, not the
-/// system under test, and either way every message is read once.
+/// rest is read a message at a time by sequence: an ordered consumer of a stream whose files
+/// nats-server 2.9 removed delivers nothing, where reading by sequence shows what is missing
+/// (the relay makes such a stream again). Either way every message is read once.
 struct StreamReader<'a> {
     stream: &'a async_nats::jetstream::stream::Stream,
     ordered: Option<Ordered>,

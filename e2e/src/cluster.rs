@@ -309,7 +309,7 @@ impl Cluster {
         &self.orders_pool
     }
 
-    /// Kills every process and removes the databases and files. Logs stay when `keep_logs`.
+    /// Kills every process and removes the databases and files.
     pub async fn stop(mut self) {
         for service in self.orders.iter_mut().chain(self.billing.iter_mut()) {
             service.kill().await;
