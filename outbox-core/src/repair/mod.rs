@@ -24,8 +24,10 @@
 //! its own limits (older than its `max_age`, or below its first sequence), which are not lost
 //! but aged out.
 //!
-//! Modules: `scan` (reading the ids of a stream's messages) and `storage` (the SQL).
+//! Modules: `scan` (reading the ids of a stream's messages), `damage` (a stream that returns
+//! none of its messages, deleted and made again) and `storage` (the SQL).
 
+mod damage;
 mod scan;
 mod storage;
 
@@ -48,6 +50,7 @@ pub struct StreamRepair {
     /// How long before a recorded position an event acknowledged after it may have been
     /// claimed: the relay's lease, twice.
     margin: Duration,
+    suspicion: damage::Suspicion,
 }
 
 /// What a check found.
@@ -74,6 +77,10 @@ pub enum RepairError {
     /// The broker did not answer, or refused a request of the check.
     #[error("the broker could not be asked")]
     Broker(#[source] BoxError),
+    /// The stream returns none of the messages it counts (its files are gone from under the
+    /// broker): it is deleted and made again once that has lasted a light check's interval.
+    #[error("the stream returns none of the messages it counts; nothing is published to it")]
+    Damaged,
     /// A database statement of the check failed.
     #[error("database error")]
     Database(#[from] sqlx::Error),
@@ -111,6 +118,7 @@ impl StreamRepair {
             spec,
             interval: Duration::from_secs(10),
             margin: Duration::from_secs(60),
+            suspicion: damage::Suspicion::default(),
         }
     }
 
@@ -288,54 +296,73 @@ impl StreamRepair {
         }
     }
 
-    /// The stream and its state, created from the spec when missing or damaged (and whether it
-    /// was).
+    /// The stream and its state, created from the spec when missing, or made again when
+    /// damaged (see `damage`); and whether it was.
     async fn stream_or_create(&self) -> Result<(stream::Stream, StreamState, Made), RepairError> {
-        let made = match self.stream().await? {
-            None => {
-                tracing::warn!(stream = %self.spec.name, "the stream is gone; creating it again");
-                Made::InPlaceOfMissing
-            }
-            Some((stream, state)) if !scan::returns_nothing(&stream, &state).await? => {
-                return Ok((stream, state, Made::No));
-            }
-            Some(_) => {
-                // Everything it counts is lost already; as it is, it acknowledges every publish
-                // and delivers nothing, to anyone, until nats-server restarts.
-                tracing::error!(
-                    stream = %self.spec.name,
-                    "the stream returns none of the messages it counts: its files are gone from \
-                     under the broker; deleting it and creating it again"
-                );
-                self.delete_stream().await?;
-                metrics::counter!("outbox_stream_damaged_total").increment(1);
-                Made::InPlaceOfDamaged
-            }
+        let Some((stream, state)) = self.stream().await? else {
+            tracing::warn!(stream = %self.spec.name, "the stream is gone; creating it again");
+            let stream = self
+                .context
+                .get_or_create_stream(self.spec.config())
+                .await
+                .map_err(|error| RepairError::Broker(Box::new(error)))?;
+            let state = StreamState::of(stream.cached_info());
+            return Ok((stream, state, Made::InPlaceOfMissing));
         };
+        match self.suspicion.judge(&stream, &state, self.interval).await? {
+            damage::Verdict::Sound => Ok((stream, state, Made::No)),
+            damage::Verdict::Suspected { first } => {
+                if first {
+                    tracing::error!(
+                        stream = %self.spec.name, messages = state.messages,
+                        "the stream returns none of the messages it counts: its files are gone \
+                         from under the broker; it is deleted and made again if it still does in \
+                         {:?}", self.interval
+                    );
+                }
+                Err(RepairError::Damaged)
+            }
+            damage::Verdict::Damaged => {
+                let (stream, state) = self.make_again(&state, stream.cached_info()).await?;
+                Ok((stream, state, Made::InPlaceOfDamaged))
+            }
+        }
+    }
+
+    /// Deletes the damaged stream found at `damaged`, unless it was made again meanwhile, and
+    /// creates it with the configuration it had (`info`).
+    async fn make_again(
+        &self,
+        damaged: &StreamState,
+        info: &stream::Info,
+    ) -> Result<(stream::Stream, StreamState), RepairError> {
+        // Only the stream judged: one made again meanwhile is judged afresh.
+        match self.stream().await? {
+            Some((_, now)) if now.created == damaged.created => {}
+            _ => return Err(RepairError::Damaged),
+        }
+        tracing::error!(
+            stream = %self.spec.name,
+            "the stream still returns none of the messages it counts; deleting it and making it \
+             again"
+        );
+        if let Err(error) = self.context.delete_stream(&self.spec.name).await {
+            tracing::error!(
+                stream = %self.spec.name, error = %error,
+                "cannot delete the damaged stream: delete it (`nats stream rm`) or restart \
+                 nats-server; nothing is published meanwhile"
+            );
+            return Err(RepairError::Broker(Box::new(error)));
+        }
+        self.suspicion.clear();
+        metrics::counter!("outbox_stream_damaged_total").increment(1);
         let stream = self
             .context
-            .get_or_create_stream(self.spec.config())
+            .get_or_create_stream(info.config.clone())
             .await
             .map_err(|error| RepairError::Broker(Box::new(error)))?;
         let state = StreamState::of(stream.cached_info());
-        Ok((stream, state, made))
-    }
-
-    /// Deletes the stream; one already gone is no error.
-    async fn delete_stream(&self) -> Result<(), RepairError> {
-        match self.context.delete_stream(&self.spec.name).await {
-            Ok(_) => Ok(()),
-            Err(error)
-                if matches!(
-                    error.kind(),
-                    jetstream::context::DeleteStreamErrorKind::JetStream(ref answer)
-                        if answer.error_code() == jetstream::ErrorCode::STREAM_NOT_FOUND
-                ) =>
-            {
-                Ok(())
-            }
-            Err(error) => Err(RepairError::Broker(Box::new(error))),
-        }
+        Ok((stream, state))
     }
 }
 

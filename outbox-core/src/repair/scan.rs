@@ -32,7 +32,7 @@ pub(super) async fn message_id_at(
 }
 
 /// The headers of the message at `seq`; `None` when the stream holds none there.
-async fn headers_at(
+pub(super) async fn headers_at(
     stream: &Stream,
     seq: u64,
 ) -> Result<Option<async_nats::HeaderMap>, RepairError> {
@@ -41,31 +41,6 @@ async fn headers_at(
         Err(error) if error.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(None),
         Err(error) => Err(RepairError::Broker(Box::new(error))),
     }
-}
-
-/// Whether `stream` returns neither its first nor its last message while it counts some, at
-/// `state` and again when asked anew (messages its limits removed meanwhile are not missing).
-/// A stream's first sequence always holds a message: one that returns none has lost its files
-/// from under the broker (nats-server 2.9 does this to a stream made again at once after it was
-/// deleted).
-pub(super) async fn returns_nothing(
-    stream: &Stream,
-    state: &StreamState,
-) -> Result<bool, RepairError> {
-    let missing = async |state: &StreamState| -> Result<bool, RepairError> {
-        Ok(state.messages > 0
-            && headers_at(stream, state.first_seq).await?.is_none()
-            && headers_at(stream, state.last_seq).await?.is_none())
-    };
-    if !missing(state).await? {
-        return Ok(false);
-    }
-    let info = stream
-        .get_info()
-        .await
-        .map_err(|error| RepairError::Broker(Box::new(error)))?;
-    let again = StreamState::of(&info);
-    Ok(again.created == state.created && missing(&again).await?)
 }
 
 /// The newest of `checks` (the newest first) whose message is still at its sequence; a position
@@ -244,41 +219,6 @@ mod tests {
     use sqlx::PgPool;
 
     use super::*;
-
-    /// A stream whose first or last message was deleted, or that counts none, is not taken
-    /// for one that returns nothing: only a missing first and last message is damage.
-    #[tokio::test]
-    async fn a_stream_with_deleted_messages_is_not_damaged() {
-        let url = std::env::var("NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into());
-        let context = jetstream::new(async_nats::connect(url).await.expect("NATS"));
-        let name = format!("SCAN_{}", uuid::Uuid::new_v4().simple());
-        let subject = format!("{name}.e");
-        let mut stream = context
-            .create_stream(Config {
-                name: name.clone(),
-                subjects: vec![format!("{name}.>")],
-                ..Default::default()
-            })
-            .await
-            .unwrap();
-        let damaged = async |stream: &mut Stream| {
-            let state = StreamState::of(stream.info().await.unwrap());
-            returns_nothing(stream, &state).await.unwrap()
-        };
-        assert!(!damaged(&mut stream).await, "empty");
-        for _ in 0..3 {
-            let ack = context.publish(subject.clone(), "{}".into()).await.unwrap();
-            ack.await.unwrap();
-        }
-        assert!(!damaged(&mut stream).await, "whole");
-        stream.delete_message(3).await.unwrap();
-        assert!(!damaged(&mut stream).await, "its last message deleted");
-        stream.delete_message(1).await.unwrap();
-        assert!(!damaged(&mut stream).await, "its first message deleted too");
-        stream.delete_message(2).await.unwrap();
-        assert!(!damaged(&mut stream).await, "every message deleted");
-        context.delete_stream(&name).await.unwrap();
-    }
 
     /// The reading by sequence that stands in for a quiet ordered consumer notes every message
     /// after the one given, passes a sequence the stream removed, and writes every id.
