@@ -111,13 +111,18 @@ impl<P: Publisher> Relay<P> {
         match watch.repair.check_at(&self.pool).await {
             Ok((report, position)) => {
                 metrics::counter!("outbox_stream_checks_total", "outcome" => "ok").increment(1);
-                if report.created {
+                let mut state = watch.state();
+                let another_stream = report.created
+                    || state
+                        .verified
+                        .as_ref()
+                        .is_some_and(|verified| verified.created != position.created);
+                if another_stream {
                     // A new stream numbers from one: what the old one acknowledged says nothing.
                     self.acked_high.store(report.last_seq, Ordering::Release);
                 } else {
                     self.acked_high.fetch_max(report.last_seq, Ordering::AcqRel);
                 }
-                let mut state = watch.state();
                 state.full = false;
                 state.connects = connects;
                 state.last_check = Some(Instant::now());
