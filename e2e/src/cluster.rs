@@ -259,12 +259,19 @@ impl Cluster {
     /// Waits until the relays failed `publishes` publishes in all (`outbox_publish_failures_total`
     /// of every orders-service instance): the fault reached them.
     pub async fn relay_failed(&self, publishes: u64) {
+        self.orders_counted("outbox_publish_failures_total", publishes)
+            .await;
+    }
+
+    /// Waits until `counter`, summed over every orders-service instance, reaches `at_least`.
+    pub async fn orders_counted(&self, counter: &str, at_least: u64) {
         let client = reqwest::Client::new();
+        let prefix = format!("{counter} ");
         eventually(
-            &format!("{publishes} failed publishes"),
+            &format!("{counter} at {at_least}"),
             Duration::from_secs(60),
             || async {
-                let mut failed = 0;
+                let mut sum = 0;
                 for orders in &self.orders {
                     let metrics = client
                         .get(format!("{}/metrics", orders.url))
@@ -274,13 +281,13 @@ impl Cluster {
                         .text()
                         .await
                         .ok()?;
-                    failed += metrics
+                    sum += metrics
                         .lines()
-                        .find_map(|l| l.strip_prefix("outbox_publish_failures_total "))
+                        .find_map(|l| l.strip_prefix(&prefix))
                         .and_then(|n| n.trim().parse::<u64>().ok())
                         .unwrap_or(0);
                 }
-                (failed >= publishes).then_some(())
+                (sum >= at_least).then_some(())
             },
         )
         .await;

@@ -1,9 +1,10 @@
 //! A broker that forgets what it acknowledged, against the real binaries with their defaults:
 //! nats-server restarted on an older copy of its store (what a power loss leaves of a store
-//! JetStream had not synced), restarted empty, its stream deleted by an operator; in a
-//! three-node cluster, one node's store wiped and all three restarted on older copies. Also a
-//! broker whose account is out of storage, and an outage longer than billing's inbox
-//! retention. Each ends with every order invoiced exactly once, in order, nothing dead.
+//! JetStream had not synced), restarted empty, its stream deleted by an operator, its stream's
+//! files removed from under it; in a three-node cluster, one node's store wiped and all three
+//! restarted on older copies. Also a broker whose account is out of storage, and an outage
+//! longer than billing's inbox retention. Each ends with every order invoiced exactly once, in
+//! order, nothing dead.
 
 use std::time::Duration;
 
@@ -73,6 +74,29 @@ async fn stream_deleted_by_an_operator() {
         .delete_stream(&cluster.names.stream)
         .await
         .unwrap();
+    finish_clean(cluster, load, STEP).await;
+}
+
+/// The stream's files are removed from under the running broker, as nats-server 2.9 does to a
+/// stream made again at once after its deletion: it goes on acknowledging every publish and
+/// returns no message, nor takes a consumer, until it restarts. Billing is stopped meanwhile,
+/// so that it must read them back. orders-service deletes the stream, makes it again and
+/// publishes again what it held; billing makes its consumer again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stream_files_removed_under_a_running_broker() {
+    let mut cluster = Cluster::start(1, 1).await;
+    let load = cluster.load(2, false);
+    load.progress(STEP / 2).await;
+    cluster.billing[0].kill().await;
+    load.progress(STEP / 2).await;
+    cluster.nats[0].remove_stream_files(&cluster.names.stream);
+    load.progress(STEP / 2).await;
+    // Billing cannot make its consumer on the damaged stream: it starts once the relay made it
+    // again, within a light check and the interval it confirms the damage over.
+    cluster
+        .orders_counted("outbox_stream_damaged_total", 1)
+        .await;
+    cluster.billing[0].restart().await;
     finish_clean(cluster, load, STEP).await;
 }
 

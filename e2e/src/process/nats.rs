@@ -184,6 +184,31 @@ impl NatsServer {
         std::fs::create_dir_all(&self.store).expect("store dir");
     }
 
+    /// Removes the files of stream `name` from under this running server. nats-server 2.9 does
+    /// this itself to a stream made again at once after it was deleted, under load: the old
+    /// stream's removal takes the new one's files. The stream then acknowledges every publish
+    /// and returns none of its messages.
+    pub fn remove_stream_files(&self, name: &str) {
+        assert!(
+            self.child.is_some(),
+            "remove files from under a running server"
+        );
+        let accounts = self.store.join("jetstream");
+        let removed = std::fs::read_dir(&accounts)
+            .expect("JetStream's store")
+            .filter_map(|account| {
+                let dir = account.ok()?.path().join("streams").join(name);
+                std::fs::remove_dir_all(&dir).ok()
+            })
+            .count();
+        assert_eq!(
+            removed,
+            1,
+            "stream {name} in one account of {}",
+            accounts.display()
+        );
+    }
+
     /// Waits until this server answers JetStream requests (in a cluster: a meta leader exists).
     pub async fn jetstream_ready(&self) {
         let (url, security) = (self.url(), self.security());
