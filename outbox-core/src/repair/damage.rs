@@ -52,34 +52,46 @@ impl Suspicion {
     ) -> Result<Verdict, RepairError> {
         let nothing = returns_nothing(stream, state).await?;
         let mut seen = self.seen.lock().unwrap_or_else(PoisonError::into_inner);
-        if !nothing {
-            *seen = None;
-            return Ok(Verdict::Sound);
-        }
-        match *seen {
-            Some(earlier)
-                if earlier.state.created == state.created
-                    && earlier.state.first_seq == state.first_seq =>
-            {
-                Ok(if earlier.since.elapsed() >= lasting {
-                    Verdict::Damaged
-                } else {
-                    Verdict::Suspected { first: false }
-                })
-            }
-            _ => {
-                *seen = Some(Seen {
-                    state: *state,
-                    since: Instant::now(),
-                });
-                Ok(Verdict::Suspected { first: true })
-            }
-        }
+        Ok(verdict(&mut seen, nothing, state, lasting, Instant::now()))
     }
 
     /// Forgets what was seen: the stream was made again.
     pub(super) fn clear(&self) {
         *self.seen.lock().unwrap_or_else(PoisonError::into_inner) = None;
+    }
+}
+
+/// The verdict on a stream found at `state` returning nothing or not at `now`, given what was
+/// `seen` before (updated).
+fn verdict(
+    seen: &mut Option<Seen>,
+    nothing: bool,
+    state: &StreamState,
+    lasting: Duration,
+    now: Instant,
+) -> Verdict {
+    if !nothing {
+        *seen = None;
+        return Verdict::Sound;
+    }
+    match *seen {
+        Some(earlier)
+            if earlier.state.created == state.created
+                && earlier.state.first_seq == state.first_seq =>
+        {
+            if now.duration_since(earlier.since) >= lasting {
+                Verdict::Damaged
+            } else {
+                Verdict::Suspected { first: false }
+            }
+        }
+        _ => {
+            *seen = Some(Seen {
+                state: *state,
+                since: now,
+            });
+            Verdict::Suspected { first: true }
+        }
     }
 }
 
@@ -107,26 +119,66 @@ async fn returns_nothing(stream: &Stream, state: &StreamState) -> Result<bool, R
 
 #[cfg(test)]
 mod tests {
-    use async_nats::jetstream::{self, stream::Config};
-
     use super::*;
+
+    fn state(created_secs: i64, first_seq: u64) -> StreamState {
+        StreamState {
+            created: chrono::DateTime::from_timestamp(created_secs, 0).unwrap(),
+            first_seq,
+            last_seq: first_seq + 9,
+            messages: 10,
+            max_age: Duration::ZERO,
+        }
+    }
+
+    /// Damage is a stream returning nothing at every check for the time asked: the same stream,
+    /// from the same first sequence. A check that finds its messages, another stream, or
+    /// another first sequence starts the wait again.
+    #[test]
+    fn damage_is_nothing_returned_for_the_time_asked() {
+        let lasting = Duration::from_secs(10);
+        let start = Instant::now();
+        let at = |secs| start + Duration::from_secs(secs);
+        let mut seen = None;
+        let judge = |seen: &mut Option<Seen>, nothing, state: StreamState, secs| {
+            verdict(seen, nothing, &state, lasting, at(secs))
+        };
+        assert_eq!(judge(&mut seen, false, state(1, 1), 0), Verdict::Sound);
+        assert_eq!(
+            judge(&mut seen, true, state(1, 1), 0),
+            Verdict::Suspected { first: true }
+        );
+        assert_eq!(
+            judge(&mut seen, true, state(1, 1), 9),
+            Verdict::Suspected { first: false }
+        );
+        assert_eq!(judge(&mut seen, true, state(1, 1), 10), Verdict::Damaged);
+
+        assert_eq!(judge(&mut seen, false, state(1, 1), 11), Verdict::Sound);
+        assert_eq!(
+            judge(&mut seen, true, state(1, 1), 12),
+            Verdict::Suspected { first: true },
+            "a read in between that found the messages"
+        );
+        assert_eq!(
+            judge(&mut seen, true, state(1, 2), 30),
+            Verdict::Suspected { first: true },
+            "messages removed by the stream's limits meanwhile"
+        );
+        assert_eq!(
+            judge(&mut seen, true, state(2, 2), 50),
+            Verdict::Suspected { first: true },
+            "another stream"
+        );
+        assert_eq!(judge(&mut seen, true, state(2, 2), 60), Verdict::Damaged);
+    }
 
     /// A stream whose first or last message was deleted, or that counts none, is not taken
     /// for one that returns nothing: only a missing first and last message is damage.
     #[tokio::test]
     async fn a_stream_with_deleted_messages_is_not_damaged() {
-        let url = std::env::var("NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into());
-        let context = jetstream::new(async_nats::connect(url).await.expect("NATS"));
-        let name = format!("SCAN_{}", uuid::Uuid::new_v4().simple());
+        let (context, mut stream, name) = super::super::stream_for_test().await;
         let subject = format!("{name}.e");
-        let mut stream = context
-            .create_stream(Config {
-                name: name.clone(),
-                subjects: vec![format!("{name}.>")],
-                ..Default::default()
-            })
-            .await
-            .unwrap();
         let damaged = async |stream: &mut Stream| {
             let state = StreamState::of(stream.info().await.unwrap());
             returns_nothing(stream, &state).await.unwrap()

@@ -400,3 +400,20 @@ fn is_not_found(error: &jetstream::context::GetStreamError) -> bool {
             if answer.error_code() == jetstream::ErrorCode::STREAM_NOT_FOUND
     )
 }
+
+/// A stream of its own for a unit test, on `NATS_URL`: the context, the stream, its name.
+#[cfg(test)]
+async fn stream_for_test() -> (jetstream::Context, stream::Stream, String) {
+    let url = std::env::var("NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into());
+    let context = jetstream::new(async_nats::connect(url).await.expect("NATS"));
+    let name = format!("SCAN_{}", uuid::Uuid::new_v4().simple());
+    let stream = context
+        .create_stream(stream::Config {
+            name: name.clone(),
+            subjects: vec![format!("{name}.>")],
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    (context, stream, name)
+}

@@ -215,7 +215,6 @@ fn message_id(headers: Option<&async_nats::HeaderMap>) -> Option<String> {
 
 #[cfg(test)]
 mod tests {
-    use async_nats::jetstream::{self, stream::Config};
     use sqlx::PgPool;
 
     use super::*;
@@ -224,17 +223,7 @@ mod tests {
     /// after the one given, passes a sequence the stream removed, and writes every id.
     #[sqlx::test(migrations = false)]
     async fn reading_by_sequence_notes_every_message_left(pool: PgPool) {
-        let url = std::env::var("NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into());
-        let context = jetstream::new(async_nats::connect(url).await.expect("NATS"));
-        let name = format!("SCAN_{}", uuid::Uuid::new_v4().simple());
-        let stream = context
-            .create_stream(Config {
-                name: name.clone(),
-                subjects: vec![format!("{name}.>")],
-                ..Default::default()
-            })
-            .await
-            .unwrap();
+        let (context, stream, name) = super::super::stream_for_test().await;
         let ids: Vec<uuid::Uuid> = (0..5).map(|_| uuid::Uuid::new_v4()).collect();
         for id in &ids {
             let mut headers = async_nats::HeaderMap::new();
