@@ -40,6 +40,11 @@ use sqlx::PgPool;
 use crate::error::BoxError;
 use crate::publisher::StreamSpec;
 
+/// How long a stream found gone, or deleted as damaged, is left before it is made again:
+/// nats-server 2.9 removes a deleted stream's files after it answered, and a stream made again
+/// at once under load can lose its own files to that removal (see `damage`).
+const BEFORE_MAKING_AGAIN: Duration = Duration::from_secs(1);
+
 /// Checks a stream against the outbox's published events and publishes again what it lost.
 /// Give it to the relay with [`crate::Relay::with_repair`].
 #[derive(Debug, Clone)]
@@ -301,6 +306,7 @@ impl StreamRepair {
     async fn stream_or_create(&self) -> Result<(stream::Stream, StreamState, Made), RepairError> {
         let Some((stream, state)) = self.stream().await? else {
             tracing::warn!(stream = %self.spec.name, "the stream is gone; creating it again");
+            tokio::time::sleep(BEFORE_MAKING_AGAIN).await;
             let stream = self
                 .context
                 .get_or_create_stream(self.spec.config())
@@ -356,6 +362,7 @@ impl StreamRepair {
         }
         self.suspicion.clear();
         metrics::counter!("outbox_stream_damaged_total").increment(1);
+        tokio::time::sleep(BEFORE_MAKING_AGAIN).await;
         let stream = self
             .context
             .get_or_create_stream(info.config.clone())
