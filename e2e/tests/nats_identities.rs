@@ -4,7 +4,8 @@
 //! identity cannot consume billing's messages or delete anything; billing's cannot publish an
 //! event (so only orders-service can make billing invoice) or touch another consumer. A
 //! permission withheld fails readiness naming it, and a refused publish is an outage: the event
-//! waits, never dead.
+//! waits, never dead. A damaged stream, which orders-service may not delete, waits for an
+//! operator.
 
 use std::time::Duration;
 
@@ -264,5 +265,47 @@ async fn a_withheld_permission_fails_readiness_and_makes_nothing_dead() {
     .await
     .unwrap();
     assert_eq!((pending, dead), (1, 0), "the event waits, not dead");
+    cluster.stop().await;
+}
+
+/// With these identities orders-service may not delete its stream, so it cannot make a damaged
+/// one again (its files removed from under the broker, as nats-server 2.9 does): it says so and
+/// publishes nothing, and once an operator deletes the stream it makes it again and publishes
+/// again what it held. Orders are accepted throughout; nothing is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_stream_waits_for_an_operator_to_delete_it() {
+    let setup = Setup {
+        nats_identities: Some(&[]),
+        ..Setup::default()
+    };
+    let mut cluster = Cluster::start_with(1, 1, setup).await;
+    let load = cluster.load(2, false);
+    load.progress(50).await;
+    cluster.billing[0].kill().await;
+    cluster.nats[0].remove_stream_files(&cluster.names.stream);
+    load.progress(25).await;
+    eventually(
+        "orders-service to say it cannot delete the damaged stream",
+        Duration::from_secs(60),
+        || async {
+            cluster.orders[0]
+                .log()
+                .contains("cannot delete the damaged stream")
+                .then_some(())
+        },
+    )
+    .await;
+
+    let operator = service_kit::infra::connect_nats(&cluster.nats_url(), "operator")
+        .await
+        .unwrap();
+    jetstream::new(operator)
+        .delete_stream(&cluster.names.stream)
+        .await
+        .unwrap();
+    cluster.billing[0].restart().await;
+    load.progress(25).await;
+    let ledger = load.finish().await;
+    cluster.check(&ledger).await.assert_clean();
     cluster.stop().await;
 }
