@@ -5,7 +5,9 @@
 //!
 //! Deleting a stream takes its consumers with it, so a stream is judged damaged only when it has
 //! returned nothing for a while: the same stream, from the same first sequence, at every check
-//! for at least a light check's interval. A short read failure of the server passes.
+//! for at least a light check's interval, the checks never further apart than
+//! `CONTINUOUS`. A short read failure of the server passes. A deletion refused (the identity
+//! may not) is tried again once per interval.
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -21,10 +23,19 @@ pub(super) struct Suspicion {
     seen: Arc<Mutex<Option<Seen>>>,
 }
 
+/// Judgements further apart than this start the wait again: the checks between failed, and saw
+/// nothing.
+const CONTINUOUS: Duration = Duration::from_secs(5);
+
 #[derive(Debug, Clone, Copy)]
 struct Seen {
     state: StreamState,
+    /// The first judgement that found nothing.
     since: Instant,
+    /// The latest.
+    last: Instant,
+    /// The latest judged damaged, its deletion then tried.
+    tried: Option<Instant>,
 }
 
 /// A check's judgement of a stream.
@@ -37,7 +48,8 @@ pub(super) enum Verdict {
         /// First seen so now.
         first: bool,
     },
-    /// It has returned none of them for at least the time asked.
+    /// It has returned none of them for at least the time asked: delete it (tried again, if
+    /// refused, once per that time).
     Damaged,
 }
 
@@ -74,12 +86,19 @@ fn verdict(
         *seen = None;
         return Verdict::Sound;
     }
-    match *seen {
+    match seen {
         Some(earlier)
             if earlier.state.created == state.created
-                && earlier.state.first_seq == state.first_seq =>
+                && earlier.state.first_seq == state.first_seq
+                && now.duration_since(earlier.last) <= CONTINUOUS =>
         {
-            if now.duration_since(earlier.since) >= lasting {
+            earlier.last = now;
+            let waited = now.duration_since(earlier.since) >= lasting;
+            let may_try = earlier
+                .tried
+                .is_none_or(|tried| now.duration_since(tried) >= lasting);
+            if waited && may_try {
+                earlier.tried = Some(now);
                 Verdict::Damaged
             } else {
                 Verdict::Suspected { first: false }
@@ -89,6 +108,8 @@ fn verdict(
             *seen = Some(Seen {
                 state: *state,
                 since: now,
+                last: now,
+                tried: None,
             });
             Verdict::Suspected { first: true }
         }
@@ -132,45 +153,62 @@ mod tests {
     }
 
     /// Damage is a stream returning nothing at every check for the time asked: the same stream,
-    /// from the same first sequence. A check that finds its messages, another stream, or
-    /// another first sequence starts the wait again.
+    /// from the same first sequence, the checks close together. A check that finds its
+    /// messages, another stream, another first sequence, or a gap between checks starts the
+    /// wait again; a deletion refused is tried again once per that time.
     #[test]
     fn damage_is_nothing_returned_for_the_time_asked() {
         let lasting = Duration::from_secs(10);
         let start = Instant::now();
-        let at = |secs| start + Duration::from_secs(secs);
         let mut seen = None;
-        let judge = |seen: &mut Option<Seen>, nothing, state: StreamState, secs| {
-            verdict(seen, nothing, &state, lasting, at(secs))
+        let mut judge = |nothing, state: StreamState, secs| {
+            verdict(
+                &mut seen,
+                nothing,
+                &state,
+                lasting,
+                start + Duration::from_secs(secs),
+            )
         };
-        assert_eq!(judge(&mut seen, false, state(1, 1), 0), Verdict::Sound);
-        assert_eq!(
-            judge(&mut seen, true, state(1, 1), 0),
-            Verdict::Suspected { first: true }
+        let (suspected, again) = (
+            Verdict::Suspected { first: true },
+            Verdict::Suspected { first: false },
         );
+        assert_eq!(judge(false, state(1, 1), 0), Verdict::Sound);
+        assert_eq!(judge(true, state(1, 1), 0), suspected);
+        for secs in 1..10 {
+            assert_eq!(judge(true, state(1, 1), secs), again);
+        }
+        assert_eq!(judge(true, state(1, 1), 10), Verdict::Damaged);
+        for secs in 11..20 {
+            assert_eq!(judge(true, state(1, 1), secs), again, "refused: waits");
+        }
         assert_eq!(
-            judge(&mut seen, true, state(1, 1), 9),
-            Verdict::Suspected { first: false }
+            judge(true, state(1, 1), 20),
+            Verdict::Damaged,
+            "tried again"
         );
-        assert_eq!(judge(&mut seen, true, state(1, 1), 10), Verdict::Damaged);
 
-        assert_eq!(judge(&mut seen, false, state(1, 1), 11), Verdict::Sound);
+        assert_eq!(judge(false, state(1, 1), 21), Verdict::Sound);
         assert_eq!(
-            judge(&mut seen, true, state(1, 1), 12),
-            Verdict::Suspected { first: true },
-            "a read in between that found the messages"
+            judge(true, state(1, 1), 22),
+            suspected,
+            "found the messages"
         );
+        assert_eq!(judge(true, state(1, 1), 27), again);
         assert_eq!(
-            judge(&mut seen, true, state(1, 2), 30),
-            Verdict::Suspected { first: true },
-            "messages removed by the stream's limits meanwhile"
+            judge(true, state(1, 2), 32),
+            suspected,
+            "aged out meanwhile"
         );
+        assert_eq!(judge(true, state(2, 2), 34), suspected, "another stream");
         assert_eq!(
-            judge(&mut seen, true, state(2, 2), 50),
-            Verdict::Suspected { first: true },
-            "another stream"
+            judge(true, state(2, 2), 40),
+            suspected,
+            "checks failed between"
         );
-        assert_eq!(judge(&mut seen, true, state(2, 2), 60), Verdict::Damaged);
+        assert_eq!(judge(true, state(2, 2), 45), again);
+        assert_eq!(judge(true, state(2, 2), 50), Verdict::Damaged);
     }
 
     /// A stream whose first or last message was deleted, or that counts none, is not taken

@@ -306,6 +306,7 @@ impl StreamRepair {
     async fn stream_or_create(&self) -> Result<(stream::Stream, StreamState, Made), RepairError> {
         let Some((stream, state)) = self.stream().await? else {
             tracing::warn!(stream = %self.spec.name, "the stream is gone; creating it again");
+            self.suspicion.clear();
             tokio::time::sleep(BEFORE_MAKING_AGAIN).await;
             let stream = self
                 .context
@@ -356,9 +357,10 @@ impl StreamRepair {
             tracing::error!(
                 stream = %self.spec.name, error = %error,
                 "cannot delete the damaged stream: delete it (`nats stream rm`) or restart \
-                 nats-server; nothing is published meanwhile"
+                 nats-server; nothing is published meanwhile, and this is tried again in {:?}",
+                self.interval
             );
-            return Err(RepairError::Broker(Box::new(error)));
+            return Err(RepairError::Damaged);
         }
         self.suspicion.clear();
         metrics::counter!("outbox_stream_damaged_total").increment(1);
