@@ -269,7 +269,7 @@ impl Cluster {
         let prefix = format!("{counter} ");
         eventually(
             &format!("{counter} at {at_least}"),
-            Duration::from_secs(60),
+            Duration::from_secs(120),
             || async {
                 let mut sum = 0;
                 for orders in &self.orders {

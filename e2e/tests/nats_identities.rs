@@ -286,7 +286,7 @@ async fn a_damaged_stream_waits_for_an_operator_to_delete_it() {
     load.progress(25).await;
     eventually(
         "orders-service to say it cannot delete the damaged stream",
-        Duration::from_secs(60),
+        Duration::from_secs(120),
         || async {
             cluster.orders[0]
                 .log()

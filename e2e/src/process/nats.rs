@@ -198,7 +198,10 @@ impl NatsServer {
             .expect("JetStream's store")
             .filter_map(|account| {
                 let dir = account.ok()?.path().join("streams").join(name);
-                std::fs::remove_dir_all(&dir).ok()
+                // Moved out first, at once: the server may write new files while they go.
+                let aside = self.store.with_extension(testing::unique("removed"));
+                std::fs::rename(&dir, &aside).ok()?;
+                std::fs::remove_dir_all(&aside).ok()
             })
             .count();
         assert_eq!(
