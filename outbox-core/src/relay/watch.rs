@@ -112,11 +112,10 @@ impl<P: Publisher> Relay<P> {
             Ok((report, position)) => {
                 metrics::counter!("outbox_stream_checks_total", "outcome" => "ok").increment(1);
                 let mut state = watch.state();
-                let another_stream = report.created
-                    || state
-                        .verified
-                        .as_ref()
-                        .is_some_and(|verified| verified.created != position.created);
+                let another_stream = state
+                    .verified
+                    .as_ref()
+                    .is_some_and(|verified| verified.created != position.created);
                 if another_stream {
                     // A new stream numbers from one: what the old one acknowledged says nothing.
                     self.acked_high.store(report.last_seq, Ordering::Release);

@@ -307,13 +307,7 @@ impl StreamRepair {
         let Some((stream, state)) = self.stream().await? else {
             tracing::warn!(stream = %self.spec.name, "the stream is gone; creating it again");
             self.suspicion.clear();
-            tokio::time::sleep(BEFORE_MAKING_AGAIN).await;
-            let stream = self
-                .context
-                .get_or_create_stream(self.spec.config())
-                .await
-                .map_err(|error| RepairError::Broker(Box::new(error)))?;
-            let state = StreamState::of(stream.cached_info());
+            let (stream, state) = self.create_after_pause(self.spec.config()).await?;
             return Ok((stream, state, Made::InPlaceOfMissing));
         };
         match self.suspicion.judge(&stream, &state, self.interval).await? {
@@ -364,10 +358,19 @@ impl StreamRepair {
         }
         self.suspicion.clear();
         metrics::counter!("outbox_stream_damaged_total").increment(1);
+        self.create_after_pause(info.config.clone()).await
+    }
+
+    /// Creates the stream with `config`, [`BEFORE_MAKING_AGAIN`] after it was found gone or
+    /// deleted.
+    async fn create_after_pause(
+        &self,
+        config: stream::Config,
+    ) -> Result<(stream::Stream, StreamState), RepairError> {
         tokio::time::sleep(BEFORE_MAKING_AGAIN).await;
         let stream = self
             .context
-            .get_or_create_stream(info.config.clone())
+            .get_or_create_stream(config)
             .await
             .map_err(|error| RepairError::Broker(Box::new(error)))?;
         let state = StreamState::of(stream.cached_info());
