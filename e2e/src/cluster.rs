@@ -18,6 +18,10 @@ use crate::load::{Ledger, Load};
 use crate::process::{Kind, NatsServer, PgServer, Service};
 use crate::proxy::Proxy;
 
+/// What orders-service logs when it deletes the stream as damaged, as
+/// `jetstream_outbox::StreamRepair` words it.
+const DELETED_AS_DAMAGED: &str = "deleted the damaged stream";
+
 /// nats-server, orders-service and billing-service instances of one scenario.
 #[derive(Debug)]
 pub struct Cluster {
@@ -253,7 +257,13 @@ impl Cluster {
             nats_url: self.nats_url(),
             stream: &self.names.stream,
         };
-        checker::check(&sources, ledger).await
+        let mut report = checker::check(&sources, ledger).await;
+        report.streams_deleted_as_damaged = self
+            .orders
+            .iter()
+            .map(|orders| orders.log().matches(DELETED_AS_DAMAGED).count())
+            .sum();
+        report
     }
 
     /// Waits until the relays failed `publishes` publishes in all (`outbox_publish_failures_total`

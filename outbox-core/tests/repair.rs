@@ -140,6 +140,31 @@ async fn a_deleted_stream_is_made_again_with_what_it_held(pool: PgPool) {
     stream.delete().await;
 }
 
+/// The stream is gone at the first check ever made of it (the relay ran without checks until
+/// now): the check makes it again and publishes again every event published before, though no
+/// position was recorded to compare with.
+#[sqlx::test(migrations = false)]
+async fn a_stream_gone_at_its_first_check_gets_what_was_published(pool: PgPool) {
+    migrate(&pool).await;
+    let stream = TestStream::new().await;
+    let relay = Relay::new(pool.clone(), stream.publisher(), stream.relay_config());
+    ten_published(&pool, &relay).await;
+    stream.jetstream.delete_stream(&stream.name).await.unwrap();
+
+    let repair = StreamRepair::new(stream.jetstream.clone(), stream.spec());
+    let report = repair.check(&pool).await.unwrap();
+    assert!(report.created, "the stream is made again");
+    assert_eq!(report.republished, 10, "what it held is published again");
+    let mut published = 0;
+    while published < 10 {
+        published += relay.run_once().await.unwrap().published;
+    }
+    let (ids, in_order) = ids_in_order(&stream).await;
+    assert_eq!(ids.iter().collect::<HashSet<_>>().len(), 10);
+    assert!(in_order, "each order's events in order");
+    stream.delete().await;
+}
+
 /// [`ids_in_order`], or `None` while there is no stream.
 async fn ids_in_order_if_any(stream: &TestStream) -> Option<(Vec<String>, bool)> {
     stream.jetstream.get_stream(&stream.name).await.ok()?;

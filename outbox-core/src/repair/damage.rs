@@ -5,9 +5,10 @@
 //!
 //! Deleting a stream takes its consumers with it, so a stream is judged damaged only when it has
 //! returned nothing for a while: the same stream, from the same first sequence, at every check
-//! for at least a light check's interval, the checks never further apart than
+//! for at least a light check's interval (and 10 s), the checks never further apart than
 //! `CONTINUOUS`. A short read failure of the server passes. A deletion refused (the identity
-//! may not) is tried again once per interval.
+//! may not) is tried again once per that time. Only streams kept by their limits are judged:
+//! consumers remove messages from the others.
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -67,6 +68,13 @@ impl Suspicion {
         Ok(verdict(&mut seen, nothing, state, lasting, Instant::now()))
     }
 
+    /// Notes that deleting the stream judged damaged was refused just now: a refusal that
+    /// took its time does not start the wait again.
+    pub(super) fn tried(&self) {
+        let mut seen = self.seen.lock().unwrap_or_else(PoisonError::into_inner);
+        refused(&mut seen, Instant::now());
+    }
+
     /// Forgets what was seen: the stream was made again.
     pub(super) fn clear(&self) {
         *self.seen.lock().unwrap_or_else(PoisonError::into_inner) = None;
@@ -113,6 +121,14 @@ fn verdict(
             });
             Verdict::Suspected { first: true }
         }
+    }
+}
+
+/// A deletion of the stream `seen` judged damaged was refused at `now`: the wait between checks
+/// counts from then.
+fn refused(seen: &mut Option<Seen>, now: Instant) {
+    if let Some(seen) = seen.as_mut() {
+        seen.last = now;
     }
 }
 
@@ -209,6 +225,46 @@ mod tests {
         );
         assert_eq!(judge(true, state(2, 2), 45), again);
         assert_eq!(judge(true, state(2, 2), 50), Verdict::Damaged);
+    }
+
+    /// A stream that goes on acknowledging publishes (its last sequence grows) stays suspected;
+    /// a refused deletion that took longer than the gap allowed between checks does not start
+    /// the wait again.
+    #[test]
+    fn a_slow_refusal_keeps_the_wait() {
+        let lasting = Duration::from_secs(10);
+        let start = Instant::now();
+        let at = |secs| start + Duration::from_secs(secs);
+        let mut seen = None;
+        let growing = |secs: u64| StreamState {
+            last_seq: 100 + secs,
+            messages: 100 + secs,
+            ..state(1, 1)
+        };
+        assert_eq!(
+            verdict(&mut seen, true, &growing(0), lasting, at(0)),
+            Verdict::Suspected { first: true }
+        );
+        for secs in [4, 8] {
+            assert_eq!(
+                verdict(&mut seen, true, &growing(secs), lasting, at(secs)),
+                Verdict::Suspected { first: false }
+            );
+        }
+        assert_eq!(
+            verdict(&mut seen, true, &growing(10), lasting, at(10)),
+            Verdict::Damaged
+        );
+        refused(&mut seen, at(16));
+        assert_eq!(
+            verdict(&mut seen, true, &growing(17), lasting, at(17)),
+            Verdict::Suspected { first: false }
+        );
+        assert_eq!(
+            verdict(&mut seen, true, &growing(20), lasting, at(20)),
+            Verdict::Damaged,
+            "tried again an interval after the last try"
+        );
     }
 
     /// A stream whose first or last message was deleted, or that counts none, is not taken

@@ -31,6 +31,7 @@ mod damage;
 mod scan;
 mod storage;
 
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use async_nats::jetstream::{self, stream};
@@ -45,6 +46,10 @@ use crate::publisher::StreamSpec;
 /// at once under load can lose its own files to that removal (see `damage`).
 const BEFORE_MAKING_AGAIN: Duration = Duration::from_secs(1);
 
+/// The least time a stream returns nothing before it is deleted as damaged, however often the
+/// relay checks lightly.
+const LEAST_DAMAGED_FOR: Duration = Duration::from_secs(10);
+
 /// Checks a stream against the outbox's published events and publishes again what it lost.
 /// Give it to the relay with [`crate::Relay::with_repair`].
 #[derive(Debug, Clone)]
@@ -56,6 +61,7 @@ pub struct StreamRepair {
     /// claimed: the relay's lease, twice.
     margin: Duration,
     suspicion: damage::Suspicion,
+    deleted: Deleted,
 }
 
 /// What a check found.
@@ -83,7 +89,8 @@ pub enum RepairError {
     #[error("the broker could not be asked")]
     Broker(#[source] BoxError),
     /// The stream returns none of the messages it counts (its files are gone from under the
-    /// broker): it is deleted and made again once that has lasted a light check's interval.
+    /// broker): it is deleted and made again once that has lasted a light check's interval, and
+    /// at least 10 s.
     #[error("the stream returns none of the messages it counts; nothing is published to it")]
     Damaged,
     /// A database statement of the check failed.
@@ -124,6 +131,7 @@ impl StreamRepair {
             interval: Duration::from_secs(10),
             margin: Duration::from_secs(60),
             suspicion: damage::Suspicion::default(),
+            deleted: Deleted::default(),
         }
     }
 
@@ -188,8 +196,9 @@ impl StreamRepair {
         };
         let started = storage::now(conn).await?;
         let checks = storage::checks(conn, &self.spec.name).await?;
-        if checks.is_empty() {
-            // The first check of this stream: nothing was recorded to compare with.
+        if checks.is_empty() && made == Made::No {
+            // The first check of this stream: nothing was recorded to compare with. A stream
+            // just made again is read whole, as below: what was published is not in it.
             let newest = scan::message_id_at(&stream, state.last_seq).await?;
             storage::record_check(
                 conn,
@@ -307,26 +316,36 @@ impl StreamRepair {
         let Some((stream, state)) = self.stream().await? else {
             tracing::warn!(stream = %self.spec.name, "the stream is gone; creating it again");
             self.suspicion.clear();
-            let (stream, state) = self.create_after_pause(self.spec.config()).await?;
+            // One this instance deleted as damaged is made with the configuration it had, also
+            // when making it failed the first time.
+            let config = self.deleted.config().unwrap_or_else(|| self.spec.config());
+            let (stream, state) = self.create_after_pause(config).await?;
             return Ok((stream, state, Made::InPlaceOfMissing));
         };
-        match self.suspicion.judge(&stream, &state, self.interval).await? {
-            damage::Verdict::Sound => Ok((stream, state, Made::No)),
+        // Consumers remove messages from other streams, and so may leave their first or last
+        // sequence empty: only a stream kept by its limits is judged.
+        if stream.cached_info().config.retention != stream::RetentionPolicy::Limits {
+            return Ok((stream, state, Made::No));
+        }
+        let lasting = self.interval.max(LEAST_DAMAGED_FOR);
+        match self.suspicion.judge(&stream, &state, lasting).await? {
+            damage::Verdict::Sound => {
+                metrics::gauge!("outbox_stream_damaged").set(0.0);
+                Ok((stream, state, Made::No))
+            }
             damage::Verdict::Suspected { first } => {
+                metrics::gauge!("outbox_stream_damaged").set(1.0);
                 if first {
                     tracing::error!(
                         stream = %self.spec.name, messages = state.messages,
                         "the stream returns none of the messages it counts: its files are gone \
                          from under the broker; it is deleted and made again if it still does in \
-                         {:?}", self.interval
+                         {lasting:?}"
                     );
                 }
                 Err(RepairError::Damaged)
             }
-            damage::Verdict::Damaged => {
-                let (stream, state) = self.make_again(&state, stream.cached_info()).await?;
-                Ok((stream, state, Made::InPlaceOfDamaged))
-            }
+            damage::Verdict::Damaged => self.make_again(&state, stream.cached_info()).await,
         }
     }
 
@@ -336,29 +355,41 @@ impl StreamRepair {
         &self,
         damaged: &StreamState,
         info: &stream::Info,
-    ) -> Result<(stream::Stream, StreamState), RepairError> {
+    ) -> Result<(stream::Stream, StreamState, Made), RepairError> {
         // Only the stream judged: one made again meanwhile is judged afresh.
         match self.stream().await? {
             Some((_, now)) if now.created == damaged.created => {}
-            _ => return Err(RepairError::Damaged),
+            Some((stream, now)) => {
+                self.suspicion.clear();
+                return Ok((stream, now, Made::No));
+            }
+            None => {
+                self.suspicion.clear();
+                let (stream, state) = self.create_after_pause(info.config.clone()).await?;
+                return Ok((stream, state, Made::InPlaceOfMissing));
+            }
         }
-        tracing::error!(
-            stream = %self.spec.name,
-            "the stream still returns none of the messages it counts; deleting it and making it \
-             again"
-        );
+        // Kept before deleting: a deletion that timed out may still have happened.
+        self.deleted.keep(info.config.clone());
         if let Err(error) = self.context.delete_stream(&self.spec.name).await {
+            self.suspicion.tried();
             tracing::error!(
                 stream = %self.spec.name, error = %error,
                 "cannot delete the damaged stream: delete it (`nats stream rm`) or restart \
                  nats-server; nothing is published meanwhile, and this is tried again in {:?}",
-                self.interval
+                self.interval.max(LEAST_DAMAGED_FOR)
             );
             return Err(RepairError::Damaged);
         }
+        tracing::error!(
+            stream = %self.spec.name,
+            "deleted the damaged stream, which still returned none of the messages it counted; \
+             making it again"
+        );
         self.suspicion.clear();
         metrics::counter!("outbox_stream_damaged_total").increment(1);
-        self.create_after_pause(info.config.clone()).await
+        let (stream, state) = self.create_after_pause(info.config.clone()).await?;
+        Ok((stream, state, Made::InPlaceOfDamaged))
     }
 
     /// Creates the stream with `config`, [`BEFORE_MAKING_AGAIN`] after it was found gone or
@@ -373,8 +404,31 @@ impl StreamRepair {
             .get_or_create_stream(config)
             .await
             .map_err(|error| RepairError::Broker(Box::new(error)))?;
+        self.deleted.forget();
+        metrics::gauge!("outbox_stream_damaged").set(0.0);
         let state = StreamState::of(stream.cached_info());
         Ok((stream, state))
+    }
+}
+
+/// The configuration of a stream this instance deleted as damaged, until it is made again.
+#[derive(Debug, Clone, Default)]
+struct Deleted(Arc<Mutex<Option<stream::Config>>>);
+
+impl Deleted {
+    fn keep(&self, config: stream::Config) {
+        *self.0.lock().unwrap_or_else(PoisonError::into_inner) = Some(config);
+    }
+
+    fn config(&self) -> Option<stream::Config> {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    fn forget(&self) {
+        *self.0.lock().unwrap_or_else(PoisonError::into_inner) = None;
     }
 }
 
