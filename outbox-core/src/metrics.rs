@@ -112,6 +112,11 @@ fn describe_repair() {
         "Streams deleted and made again because they returned none of the messages they \
          counted: their files were gone from under the broker."
     );
+    metrics::describe_gauge!(
+        "outbox_stream_damaged",
+        "1 while the stream returns none of the messages it counts and nothing is published to \
+         it (the relay deletes and makes it again, or waits for an operator to), else 0."
+    );
     describe_counter!(
         "outbox_stream_checks_total",
         Unit::Count,

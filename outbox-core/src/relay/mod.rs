@@ -295,12 +295,24 @@ impl<P: Publisher> Relay<P> {
     fn note_reachability(&self, reached: bool, unreached: bool) {
         if reached {
             self.note_storage_full(false);
-            let passes = self.outage.swap(0, Ordering::Relaxed);
-            if passes > 0 {
-                tracing::info!(passes, "broker reachable again; publishing resumes");
-                metrics::gauge!("outbox_broker_unreachable").set(0.0);
-            }
-        } else if unreached && self.outage.fetch_add(1, Ordering::Relaxed) == 0 {
+            self.note_reached();
+        } else if unreached {
+            self.note_unreached();
+        }
+    }
+
+    /// The broker answered: a pass published, or a check of the stream ran.
+    fn note_reached(&self) {
+        let attempts = self.outage.swap(0, Ordering::Relaxed);
+        if attempts > 0 {
+            tracing::info!(attempts, "broker reachable again; publishing resumes");
+            metrics::gauge!("outbox_broker_unreachable").set(0.0);
+        }
+    }
+
+    /// The broker did not answer a pass's publishes or a check of the stream.
+    fn note_unreached(&self) {
+        if self.outage.fetch_add(1, Ordering::Relaxed) == 0 {
             tracing::warn!(
                 "broker unreachable: events stay pending and are retried until it is back \
                  (an outage never makes an event dead)"
@@ -328,6 +340,7 @@ fn start_metrics(repairs: bool) {
     if repairs {
         metrics::counter!("outbox_republished_total").increment(0);
         metrics::counter!("outbox_stream_damaged_total").increment(0);
+        metrics::gauge!("outbox_stream_damaged").set(0.0);
         for outcome in ["ok", "failed"] {
             metrics::counter!("outbox_stream_checks_total", "outcome" => outcome).increment(0);
         }

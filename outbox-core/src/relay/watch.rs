@@ -30,6 +30,8 @@ struct State {
     verified: Option<Position>,
     /// The newest message this relay had acknowledged since.
     newest: Option<(u64, Uuid)>,
+    /// Full checks failed in a row: only the first is logged as an error.
+    failures: u64,
 }
 
 /// What a check left the relay to do.
@@ -111,7 +113,15 @@ impl<P: Publisher> Relay<P> {
         match watch.repair.check_at(&self.pool).await {
             Ok((report, position)) => {
                 metrics::counter!("outbox_stream_checks_total", "outcome" => "ok").increment(1);
+                self.note_reached();
                 let mut state = watch.state();
+                if state.failures > 0 {
+                    tracing::info!(
+                        failures = state.failures,
+                        "the stream is checked; publishing resumes"
+                    );
+                    state.failures = 0;
+                }
                 let another_stream = state
                     .verified
                     .as_ref()
@@ -135,11 +145,28 @@ impl<P: Publisher> Relay<P> {
             }
             Err(error) => {
                 metrics::counter!("outbox_stream_checks_total", "outcome" => "failed").increment(1);
-                tracing::error!(
-                    error = %crate::error::chain(&error),
-                    "cannot check the stream for what the broker forgot; nothing is published \
-                     until it can"
-                );
+                if matches!(error, RepairError::Broker(_)) {
+                    self.note_unreached();
+                }
+                // Tried again every pause while it fails: the first failure says it, the
+                // failed checks' counter and the gauges say it lasts.
+                let failures = {
+                    let mut state = watch.state();
+                    state.failures += 1;
+                    state.failures
+                };
+                if failures == 1 {
+                    tracing::error!(
+                        error = %crate::error::chain(&error),
+                        "cannot check the stream for what the broker forgot; nothing is \
+                         published until it can"
+                    );
+                } else {
+                    tracing::debug!(
+                        error = %crate::error::chain(&error), failures,
+                        "cannot check the stream yet"
+                    );
+                }
                 Checked::Failed
             }
         }
