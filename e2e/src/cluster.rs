@@ -275,31 +275,36 @@ impl Cluster {
 
     /// Waits until `counter`, summed over every orders-service instance, reaches `at_least`.
     pub async fn orders_counted(&self, counter: &str, at_least: u64) {
+        self.orders_summed(counter, &format!("{counter} at {at_least}"), |sum| {
+            sum >= at_least
+        })
+        .await;
+    }
+
+    /// Waits until `metric`, summed over every orders-service instance, is `wanted`; `what`
+    /// names the wait.
+    pub async fn orders_summed(&self, metric: &str, what: &str, wanted: impl Fn(u64) -> bool) {
         let client = reqwest::Client::new();
-        let prefix = format!("{counter} ");
-        eventually(
-            &format!("{counter} at {at_least}"),
-            Duration::from_secs(120),
-            || async {
-                let mut sum = 0;
-                for orders in &self.orders {
-                    let metrics = client
-                        .get(format!("{}/metrics", orders.url))
-                        .send()
-                        .await
-                        .ok()?
-                        .text()
-                        .await
-                        .ok()?;
-                    sum += metrics
-                        .lines()
-                        .find_map(|l| l.strip_prefix(&prefix))
-                        .and_then(|n| n.trim().parse::<u64>().ok())
-                        .unwrap_or(0);
-                }
-                (sum >= at_least).then_some(())
-            },
-        )
+        let prefix = format!("{metric} ");
+        eventually(what, Duration::from_secs(120), || async {
+            let mut sum = 0;
+            for orders in &self.orders {
+                let metrics = client
+                    .get(format!("{}/metrics", orders.url))
+                    .send()
+                    .await
+                    .ok()?
+                    .text()
+                    .await
+                    .ok()?;
+                sum += metrics
+                    .lines()
+                    .find_map(|l| l.strip_prefix(&prefix))
+                    .and_then(|n| n.trim().parse::<u64>().ok())
+                    .unwrap_or(0);
+            }
+            wanted(sum).then_some(())
+        })
         .await;
     }
 

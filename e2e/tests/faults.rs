@@ -116,6 +116,28 @@ async fn a_three_minute_broker_outage_needs_no_operator() {
     cluster.stop().await;
 }
 
+/// NATS goes down while the relay has nothing to publish: no publish fails, but its stream
+/// checks do, and `outbox_broker_unreachable` says so until the broker is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_relay_sees_the_broker_go_and_come_back() {
+    let mut cluster = Cluster::start(1, 1).await;
+    cluster.nats[0].kill().await;
+    cluster
+        .orders_summed("outbox_broker_unreachable", "the broker unreachable", |n| {
+            n == 1
+        })
+        .await;
+    cluster.nats[0].restart().await;
+    cluster
+        .orders_summed("outbox_broker_unreachable", "the broker back", |n| n == 0)
+        .await;
+    let load = cluster.load(1, false);
+    load.progress(STEP / 3).await;
+    let ledger = load.finish().await;
+    cluster.check(&ledger).await.assert_clean();
+    cluster.stop().await;
+}
+
 /// Two orders-service and two billing-service instances at once, one of each killed and
 /// restarted mid-load.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
