@@ -7,13 +7,15 @@ use secrecy::SecretString;
 ///
 /// Which service answers at --url is asked of it (its /openapi.json): orders-service's dead
 /// events are retried (published again) or skipped; billing-service's dead letters are
-/// replayed (applied again through the inbox) or skipped. Reading needs ADMIN_TOKEN or
-/// READ_TOKEN; acting needs ADMIN_TOKEN, and each action is recorded in the service's audit
-/// log under that token's name.
+/// replayed (applied again through the inbox) or skipped. Reading needs a token that reads
+/// (READ_TOKEN, or a reader of OPS_TOKENS_FILE); acting needs one that acts (ADMIN_TOKEN, or an
+/// admin of OPS_TOKENS_FILE), and each action is recorded in the service's audit log under the
+/// token's name (`admin` for ADMIN_TOKEN).
 #[derive(Debug, clap::Parser)]
 #[command(name = "opsctl", version)]
 pub(crate) struct Cli {
-    /// The service's base URL (http://; put TLS in front of it with a proxy).
+    /// The service's base URL, http:// only: opsctl speaks plain HTTP to the service itself,
+    /// not to a TLS proxy in front of it.
     #[arg(
         long,
         env = "OPS_URL",
@@ -22,7 +24,8 @@ pub(crate) struct Cli {
         global = true
     )]
     pub(crate) url: String,
-    /// The service's ADMIN_TOKEN, or its READ_TOKEN to read only.
+    /// A token of the service: its ADMIN_TOKEN, its READ_TOKEN to read only, or one of its
+    /// OPS_TOKENS_FILE.
     #[arg(long, env = "OPS_TOKEN", hide_env_values = true, value_name = "OPS_TOKEN",
           value_parser = secret(), global = true)]
     pub(crate) token: Option<SecretString>,

@@ -107,9 +107,10 @@ struct Settings {
     nats_publish_timeout: Duration,
     /// Wake the relay from this logical replication slot at each commit that enqueued events,
     /// whichever process made it (a SQL `outbox_enqueue` in another application too); created
-    /// when missing. Needs wal_level = logical and a role with REPLICATION. Instances given one
-    /// name share it: one streams and its relay is woken, the others poll and stand by to take
-    /// over. Unset: off.
+    /// when missing. Needs wal_level = logical, a role with REPLICATION, RELAY_ENABLED=true,
+    /// and a DATABASE_URL naming its user (no Unix socket, no client certificate). Instances
+    /// given one name share it: one streams and its relay is woken, the others poll and stand
+    /// by to take over. 1-63 lower-case letters, digits or '_'. Unset: off.
     #[arg(long, env = "RELAY_WAL_SLOT", value_parser = wal_slot, help_heading = "Relay")]
     relay_wal_slot: Option<String>,
     /// Published events are kept this many milliseconds (at most 676800000, 188 hours): for

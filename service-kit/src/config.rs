@@ -87,7 +87,8 @@ pub enum LogFormat {
 #[derive(Debug, Clone, clap::Args)]
 #[command(next_help_heading = "Database")]
 pub struct Common {
-    /// The service's database; created if missing, migrated at start-up.
+    /// The service's database; created if missing and migrated at start-up, unless
+    /// DATABASE_MIGRATE=false.
     #[arg(long, env = "DATABASE_URL", value_parser = secret(), hide_env_values = true)]
     pub database_url: SecretString,
     /// Pool size, shared by request handlers and the work beside them (orders-service's relay
@@ -136,17 +137,20 @@ pub struct Common {
     #[arg(long = "nats-duplicate-window-ms", env = "NATS_DUPLICATE_WINDOW_MS",
           default_value = "120000", value_parser = millis(), help_heading = "NATS")]
     pub duplicate_window: Duration,
-    /// Stream replicas in a cluster (1 to 5).
+    /// Stream replicas in a cluster (1 to 5). Read by orders-service, which makes the stream;
+    /// billing-service ignores it.
     #[arg(long = "nats-stream-replicas", env = "NATS_STREAM_REPLICAS", default_value_t = 1,
           value_parser = clap::value_parser!(u8).range(1..=5).map(usize::from),
           help_heading = "NATS")]
     pub stream_replicas: usize,
     /// The stream removes messages stored longer ago than this many milliseconds (0: never);
-    /// keep it at least billing's INBOX_RETENTION_MS.
+    /// keep it at least billing's INBOX_RETENTION_MS. Read by orders-service, which makes the
+    /// stream; billing-service ignores it.
     #[arg(long = "nats-stream-max-age-ms", env = "NATS_STREAM_MAX_AGE_MS",
           default_value = "604800000", value_parser = millis(), help_heading = "NATS")]
     pub stream_max_age: Duration,
-    /// The stream removes its oldest messages beyond this many bytes (unset: no limit).
+    /// The stream removes its oldest messages beyond this many bytes (unset: no limit). Read by
+    /// orders-service, which makes the stream; billing-service ignores it.
     #[arg(
         long = "nats-stream-max-bytes",
         env = "NATS_STREAM_MAX_BYTES",
