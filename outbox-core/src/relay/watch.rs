@@ -122,16 +122,11 @@ impl<P: Publisher> Relay<P> {
                     );
                     state.failures = 0;
                 }
-                let another_stream = state
-                    .verified
-                    .as_ref()
-                    .is_some_and(|verified| verified.created != position.created);
-                if another_stream {
-                    // A new stream numbers from one: what the old one acknowledged says nothing.
-                    self.acked_high.store(report.last_seq, Ordering::Release);
-                } else {
-                    self.acked_high.fetch_max(report.last_seq, Ordering::AcqRel);
-                }
+                // Nothing of this relay's is in flight during a check, so what it is
+                // acknowledged next is above the stream's last sequence now, unless the stream
+                // loses more; what it acknowledged before, on a stream that lost its tail or
+                // on another stream, says nothing.
+                self.acked_high.store(report.last_seq, Ordering::Release);
                 state.full = false;
                 state.connects = connects;
                 state.last_check = Some(Instant::now());
