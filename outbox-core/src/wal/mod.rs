@@ -167,6 +167,8 @@ impl WalWakeup {
     /// [`WalError::SlotTaken`]); it retries the rest: the database unreachable or restarted,
     /// the slot dropped, lost or older than its publication, another instance streaming.
     pub async fn run(self, pool: PgPool, shutdown: CancellationToken) -> Result<(), WalError> {
+        // From its start, at zero, for `increase()` to see the first one.
+        metrics::counter!("outbox_wal_slot_recreated_total").increment(0);
         let mut failures = 0;
         loop {
             let checked = tokio::select! {
