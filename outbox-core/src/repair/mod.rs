@@ -315,7 +315,7 @@ impl StreamRepair {
     async fn stream_or_create(&self) -> Result<(stream::Stream, StreamState, Made), RepairError> {
         let Some((stream, state)) = self.stream().await? else {
             tracing::warn!(stream = %self.spec.name, "the stream is gone; creating it again");
-            self.suspicion.clear();
+            self.not_suspected();
             // One this instance deleted as damaged is made with the configuration it had, also
             // when making it failed the first time.
             let config = self.deleted.config().unwrap_or_else(|| self.spec.config());
@@ -325,12 +325,13 @@ impl StreamRepair {
         // Consumers remove messages from other streams, and so may leave their first or last
         // sequence empty: only a stream kept by its limits is judged.
         if stream.cached_info().config.retention != stream::RetentionPolicy::Limits {
+            self.not_suspected();
             return Ok((stream, state, Made::No));
         }
         let lasting = self.interval.max(LEAST_DAMAGED_FOR);
         match self.suspicion.judge(&stream, &state, lasting).await? {
             damage::Verdict::Sound => {
-                metrics::gauge!("outbox_stream_damaged").set(0.0);
+                self.not_suspected();
                 Ok((stream, state, Made::No))
             }
             damage::Verdict::Suspected { first } => {
@@ -360,11 +361,11 @@ impl StreamRepair {
         match self.stream().await? {
             Some((_, now)) if now.created == damaged.created => {}
             Some((stream, now)) => {
-                self.suspicion.clear();
+                self.not_suspected();
                 return Ok((stream, now, Made::No));
             }
             None => {
-                self.suspicion.clear();
+                self.not_suspected();
                 let (stream, state) = self.create_after_pause(info.config.clone()).await?;
                 return Ok((stream, state, Made::InPlaceOfMissing));
             }
@@ -386,10 +387,16 @@ impl StreamRepair {
             "deleted the damaged stream, which still returned none of the messages it counted; \
              making it again"
         );
-        self.suspicion.clear();
+        self.not_suspected();
         metrics::counter!("outbox_stream_damaged_total").increment(1);
         let (stream, state) = self.create_after_pause(info.config.clone()).await?;
         Ok((stream, state, Made::InPlaceOfDamaged))
+    }
+
+    /// Forgets any suspicion of damage: the stream checked is sound, or another one.
+    fn not_suspected(&self) {
+        self.suspicion.clear();
+        metrics::gauge!("outbox_stream_damaged").set(0.0);
     }
 
     /// Creates the stream with `config`, [`BEFORE_MAKING_AGAIN`] after it was found gone or
@@ -405,7 +412,6 @@ impl StreamRepair {
             .await
             .map_err(|error| RepairError::Broker(Box::new(error)))?;
         self.deleted.forget();
-        metrics::gauge!("outbox_stream_damaged").set(0.0);
         let state = StreamState::of(stream.cached_info());
         Ok((stream, state))
     }
