@@ -140,8 +140,11 @@ impl<P: Publisher> Relay<P> {
             }
             Err(error) => {
                 metrics::counter!("outbox_stream_checks_total", "outcome" => "failed").increment(1);
-                if matches!(error, RepairError::Broker(_)) {
-                    self.note_unreached();
+                match error {
+                    RepairError::Broker(_) => self.note_unreached(),
+                    // It answered: only the stream is wrong.
+                    RepairError::Damaged => self.note_reached(),
+                    _ => {}
                 }
                 // Tried again every pause while it fails: the first failure says it, the
                 // failed checks' counter and the gauges say it lasts.

@@ -316,12 +316,14 @@ impl StreamRepair {
         let Some((stream, state)) = self.stream().await? else {
             tracing::warn!(stream = %self.spec.name, "the stream is gone; creating it again");
             self.not_suspected();
-            // One this instance deleted as damaged is made with the configuration it had, also
-            // when making it failed the first time.
+            // One this instance deleted as damaged and failed to make is made with the
+            // configuration it had.
             let config = self.deleted.config().unwrap_or_else(|| self.spec.config());
             let (stream, state) = self.create_after_pause(config).await?;
             return Ok((stream, state, Made::InPlaceOfMissing));
         };
+        // It exists: one deleted from now on is someone else's doing.
+        self.deleted.forget();
         // Consumers remove messages from other streams, and so may leave their first or last
         // sequence empty: only a stream kept by its limits is judged.
         if stream.cached_info().config.retention != stream::RetentionPolicy::Limits {
@@ -366,13 +368,14 @@ impl StreamRepair {
             }
             None => {
                 self.not_suspected();
-                let (stream, state) = self.create_after_pause(info.config.clone()).await?;
+                let (stream, state) = self.create_after_pause(self.spec.config()).await?;
                 return Ok((stream, state, Made::InPlaceOfMissing));
             }
         }
-        // Kept before deleting: a deletion that timed out may still have happened.
-        self.deleted.keep(info.config.clone());
-        if let Err(error) = self.context.delete_stream(&self.spec.name).await {
+        if let Err(error) = self.context.delete_stream(&self.spec.name).await
+            // A deletion that timed out may have happened all the same.
+            && !matches!(self.stream().await, Ok(None))
+        {
             self.suspicion.tried();
             tracing::error!(
                 stream = %self.spec.name, error = %error,
@@ -389,6 +392,7 @@ impl StreamRepair {
         );
         self.not_suspected();
         metrics::counter!("outbox_stream_damaged_total").increment(1);
+        self.deleted.keep(info.config.clone());
         let (stream, state) = self.create_after_pause(info.config.clone()).await?;
         Ok((stream, state, Made::InPlaceOfDamaged))
     }
