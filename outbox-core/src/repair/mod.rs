@@ -330,7 +330,7 @@ impl StreamRepair {
             self.not_suspected();
             return Ok((stream, state, Made::No));
         }
-        let lasting = self.interval.max(LEAST_DAMAGED_FOR);
+        let lasting = self.damaged_after();
         match self.suspicion.judge(&stream, &state, lasting).await? {
             damage::Verdict::Sound => {
                 self.not_suspected();
@@ -381,7 +381,7 @@ impl StreamRepair {
                 stream = %self.spec.name, error = %error,
                 "cannot delete the damaged stream: delete it (`nats stream rm`) or restart \
                  nats-server; nothing is published meanwhile, and this is tried again in {:?}",
-                self.interval.max(LEAST_DAMAGED_FOR)
+                self.damaged_after()
             );
             return Err(RepairError::Damaged);
         }
@@ -395,6 +395,12 @@ impl StreamRepair {
         self.deleted.keep(info.config.clone());
         let (stream, state) = self.create_after_pause(info.config.clone()).await?;
         Ok((stream, state, Made::InPlaceOfDamaged))
+    }
+
+    /// How long a stream returns nothing before it is deleted as damaged, and how long after a
+    /// refused deletion it is tried again.
+    fn damaged_after(&self) -> Duration {
+        self.interval.max(LEAST_DAMAGED_FOR)
     }
 
     /// Forgets any suspicion of damage: the stream checked is sound, or another one.
@@ -415,13 +421,13 @@ impl StreamRepair {
             .get_or_create_stream(config)
             .await
             .map_err(|error| RepairError::Broker(Box::new(error)))?;
-        self.deleted.forget();
         let state = StreamState::of(stream.cached_info());
         Ok((stream, state))
     }
 }
 
-/// The configuration of a stream this instance deleted as damaged, until it is made again.
+/// The configuration of a stream this instance deleted as damaged, until it is found existing
+/// again.
 #[derive(Debug, Clone, Default)]
 struct Deleted(Arc<Mutex<Option<stream::Config>>>);
 
