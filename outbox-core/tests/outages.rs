@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use async_nats::jetstream::stream::DiscardPolicy;
 use common::{TestStream, count, enqueue, migrate};
+use jetstream_outbox::relay::BrokerState;
 use jetstream_outbox::testing::{Fault, FaultyPublisher, eventually};
 use jetstream_outbox::{Relay, outbox};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
@@ -34,8 +35,8 @@ fn metric(name: &str) -> Option<f64> {
 
 /// A stream at its limits that discards new messages answers every publish "no room": an
 /// outage, not a refusal. `max_attempts` is 1, so that a refusal counted would make the event
-/// dead at once: none is. The gauge says the broker is full until room is made; then every
-/// event is published.
+/// dead at once: none is. The gauge and the relay's health say the broker is full until room
+/// is made; then every event is published.
 #[sqlx::test(migrations = false)]
 async fn a_full_stream_is_an_outage_not_a_refusal(pool: PgPool) {
     metric("outbox_broker_storage_full");
@@ -51,12 +52,19 @@ async fn a_full_stream_is_an_outage_not_a_refusal(pool: PgPool) {
     let mut config = stream.relay_config();
     config.max_attempts = 1;
     let stop = tokio_util::sync::CancellationToken::new();
-    let running =
-        tokio::spawn(Relay::new(pool.clone(), stream.publisher(), config).run(stop.clone()));
+    let relay = Relay::new(pool.clone(), stream.publisher(), config);
+    let health = relay.health();
+    let running = tokio::spawn(relay.run(stop.clone()));
 
     eventually("the broker full", Duration::from_secs(10), || async {
         (metric("outbox_broker_storage_full")? > 0.5).then_some(())
     })
+    .await;
+    eventually(
+        "the relay's health to say so",
+        Duration::from_secs(10),
+        || async { (health.broker() == BrokerState::StorageFull).then_some(()) },
+    )
     .await;
     assert_eq!(stream.published().await.len(), 5);
     let stats = outbox::stats(&pool).await.unwrap();
@@ -74,6 +82,7 @@ async fn a_full_stream_is_an_outage_not_a_refusal(pool: PgPool) {
         (metric("outbox_broker_storage_full")? < 0.5).then_some(())
     })
     .await;
+    assert_eq!(health.broker(), BrokerState::Ok);
     stop.cancel();
     running.await.unwrap();
     stream.delete().await;

@@ -1,11 +1,12 @@
-//! `outbox_broker_unreachable` follows the broker, also on a relay that has nothing left to
-//! publish. In a test binary of its own: the gauge lives in the process-wide metrics recorder.
+//! `outbox_broker_unreachable`, and the relay's [`RelayHealth`](jetstream_outbox::relay::RelayHealth),
+//! follow the broker, also on a relay that has nothing left to publish. In a test binary of its own: the gauge lives in the process-wide metrics recorder.
 
 mod common;
 
 use std::time::Duration;
 
 use common::{TestStream, enqueue, migrate};
+use jetstream_outbox::relay::BrokerState;
 use jetstream_outbox::testing::eventually;
 use jetstream_outbox::testing::{Fault, FaultyPublisher};
 use jetstream_outbox::{Backoff, Relay};
@@ -14,7 +15,8 @@ use serde_json::json;
 use sqlx::PgPool;
 
 /// Relay A loses the broker on its event, relay B publishes that event, and A is left with
-/// nothing to publish: asking the broker, A sees it is back, and the gauge returns to 0.
+/// nothing to publish: asking the broker, A sees it is back, and the gauge returns to 0, as
+/// does A's health.
 #[sqlx::test(migrations = false)]
 async fn an_idle_relay_notices_the_broker_is_back(pool: PgPool) {
     let recorder = PrometheusBuilder::new().build_recorder();
@@ -37,9 +39,16 @@ async fn an_idle_relay_notices_the_broker_is_back(pool: PgPool) {
     let unreachable = FaultyPublisher::new(stream.publisher())
         .with_aggregate_faults("o1", [Fault::Unreachable; 1000]);
     let stop = tokio_util::sync::CancellationToken::new();
-    let a = tokio::spawn(Relay::new(pool.clone(), unreachable, config.clone()).run(stop.clone()));
+    let a = Relay::new(pool.clone(), unreachable, config.clone());
+    let health = a.health();
+    assert_eq!(health.broker(), BrokerState::Ok);
+    let a = tokio::spawn(a.run(stop.clone()));
     eventually("A to lose the broker", Duration::from_secs(10), || async {
         (gauge()? == "1").then_some(())
+    })
+    .await;
+    eventually("A's health to say so", Duration::from_secs(10), || async {
+        (health.broker() == BrokerState::Unreachable).then_some(())
     })
     .await;
 
@@ -55,6 +64,10 @@ async fn an_idle_relay_notices_the_broker_is_back(pool: PgPool) {
         Duration::from_secs(10),
         || async { (gauge()? == "0").then_some(()) },
     )
+    .await;
+    eventually("A's health to say so", Duration::from_secs(10), || async {
+        (health.broker() == BrokerState::Ok).then_some(())
+    })
     .await;
     assert_eq!(stream.published().await, ["o1:OrderPlaced"]);
     stop.cancel();

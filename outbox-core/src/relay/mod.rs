@@ -68,8 +68,10 @@
 //!
 //! Modules: `schedule` (the overlap of passes, a small state machine driven by [`Relay::run`]),
 //! `pass` (claim, waves, record), `message` (the CloudEvents message of a row), `watch` (when
-//! the stream is checked) and `storage` (every SQL statement of the relay).
+//! the stream is checked), `health` (what the relay last saw of the broker, [`RelayHealth`])
+//! and `storage` (every SQL statement of the relay).
 
+mod health;
 mod message;
 mod pass;
 mod schedule;
@@ -84,6 +86,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{Backoff, Publisher, StreamRepair, Wakeup};
 use schedule::{Round, Scheduler};
+
+pub use health::{BrokerState, RelayHealth};
 
 /// The most connections a relay holds at once: its three overlapping passes (one recorded, one
 /// published, one claimed, see [`Relay::run`]) and its `LISTEN`. The size of a pool of its own.
@@ -177,6 +181,8 @@ pub struct Relay<P> {
     watch: Option<watch::Watch>,
     /// Whether the broker's storage was full at the last publish.
     storage_full: AtomicBool,
+    /// What the relay last ran into at the broker, for a console.
+    health: RelayHealth,
 }
 
 impl<P: Publisher> Relay<P> {
@@ -201,6 +207,7 @@ impl<P: Publisher> Relay<P> {
             acked_high: AtomicU64::new(0),
             watch: None,
             storage_full: AtomicBool::new(false),
+            health: RelayHealth::default(),
         }
     }
 
@@ -222,6 +229,12 @@ impl<P: Publisher> Relay<P> {
         self.woken = Some(wakeup.subscribe());
         self.wakeup = Some(wakeup.clone());
         self
+    }
+
+    /// What the relay sees of the broker from now on, while it runs: whether it is reachable,
+    /// has room, and keeps what it counts (with [`Relay::with_repair`]).
+    pub fn health(&self) -> RelayHealth {
+        self.health.clone()
     }
 
     /// Runs passes until `shutdown` is cancelled; published passes are recorded first, a
@@ -294,6 +307,7 @@ impl<P: Publisher> Relay<P> {
     /// keeping `outbox_broker_unreachable` (1 while unreachable) up to date.
     fn note_reachability(&self, reached: bool, unreached: bool) {
         if reached {
+            self.health.published();
             self.note_storage_full(false);
             self.note_reached();
         } else if unreached {
