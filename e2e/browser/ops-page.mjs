@@ -14,7 +14,7 @@
 import { chromium } from "playwright-core";
 
 const { OPS_URL, ADMIN_TOKEN, READ_TOKEN, DEAD_ID, ACTION, SCREENSHOT, EXPECT_DETAIL } = process.env;
-const { BULK_ACTION, FILTER_KEY, FILTER_VALUE } = process.env;
+const { BULK_ACTION, FILTER_KEY, FILTER_VALUE, EXPECT_BROKER } = process.env;
 const executablePath = process.env.CHROMIUM_PATH || "/usr/bin/chromium";
 const TIMEOUT = 20_000;
 
@@ -49,6 +49,15 @@ try {
   await page.goto(`${OPS_URL}/ops`);
   await page.waitForFunction(
     () => Number(document.getElementById("stat-dead")?.textContent) >= 1);
+  // The broker's tile (orders-service, whose relay runs beside the page): its state, not
+  // highlighted while it is "ok".
+  if (EXPECT_BROKER) {
+    await page.waitForFunction((state) => {
+      const value = document.getElementById("stat-broker");
+      return value?.textContent === state
+        && value.parentElement.classList.contains("alert") === (state !== "ok");
+    }, EXPECT_BROKER);
+  }
   // The charts draw lines of at least two samples, and the traffic of the test shows in one.
   await page.waitForFunction(() =>
     [...document.querySelectorAll("#charts path.line")].some((p) => p.getAttribute("d").includes("L"))

@@ -308,6 +308,28 @@ impl Cluster {
         .await;
     }
 
+    /// Waits until every orders-service instance's relay sees the broker as `wanted`
+    /// (`broker` in `GET /outbox/stats`: `ok`, `unreachable`, `stream damaged`...).
+    pub async fn orders_see_the_broker(&self, wanted: &str) {
+        let client = reqwest::Client::new();
+        let what = format!("every relay to see the broker {wanted}");
+        eventually(&what, Duration::from_secs(120), || async {
+            for orders in &self.orders {
+                let stats: serde_json::Value = client
+                    .get(format!("{}/outbox/stats", orders.url))
+                    .send()
+                    .await
+                    .ok()?
+                    .json()
+                    .await
+                    .ok()?;
+                (stats["broker"] == wanted).then_some(())?;
+            }
+            Some(())
+        })
+        .await;
+    }
+
     /// Waits until the relays have published every event committed so far.
     pub async fn all_published(&self) {
         eventually("every event published", Duration::from_secs(60), || async {

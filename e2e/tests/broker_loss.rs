@@ -103,11 +103,14 @@ async fn stream_files_removed_under_a_running_broker() {
     load.progress(STEP / 2).await;
     cluster.nats[0].remove_stream_files(&cluster.names.stream);
     load.progress(STEP / 2).await;
+    // The relay sees the damage within a light check, and confirms it over at least 10 s.
+    cluster.orders_see_the_broker("stream damaged").await;
     // Billing cannot make its consumer on the damaged stream: it starts once the relay made it
-    // again, within a light check and the interval it confirms the damage over.
+    // again.
     cluster
         .orders_counted("outbox_stream_damaged_total", 1)
         .await;
+    cluster.orders_see_the_broker("ok").await;
     cluster.billing[0].restart().await;
     finish_clean_after_damage(cluster, load, STEP).await;
 }
@@ -198,6 +201,7 @@ async fn an_account_out_of_storage_is_an_outage() {
         },
     )
     .await;
+    cluster.orders_see_the_broker("storage full").await;
     load.progress(STEP).await;
     let dead: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox WHERE status = 'dead'")
         .fetch_one(cluster.orders_pool())
@@ -212,6 +216,7 @@ async fn an_account_out_of_storage_is_an_outage() {
     // The operator raises the limit and has the server reload its configuration.
     cluster.nats[0].config = Some(account_config(&credentials, 1 << 30));
     cluster.nats[0].reload().await;
+    cluster.orders_see_the_broker("ok").await;
     finish_clean(cluster, load, STEP).await;
 }
 

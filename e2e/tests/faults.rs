@@ -117,7 +117,8 @@ async fn a_three_minute_broker_outage_needs_no_operator() {
 }
 
 /// NATS goes down while the relay has nothing to publish: no publish fails, but its stream
-/// checks do, and `outbox_broker_unreachable` says so until the broker is back.
+/// checks do, and `outbox_broker_unreachable` and the stats' `broker` say so until the broker
+/// is back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_relay_sees_the_broker_go_and_come_back() {
     let mut cluster = Cluster::start(1, 1).await;
@@ -127,10 +128,12 @@ async fn an_idle_relay_sees_the_broker_go_and_come_back() {
             n == 1
         })
         .await;
+    cluster.orders_see_the_broker("unreachable").await;
     cluster.nats[0].restart().await;
     cluster
         .orders_summed("outbox_broker_unreachable", "the broker back", |n| n == 0)
         .await;
+    cluster.orders_see_the_broker("ok").await;
     let load = cluster.load(1, false);
     load.progress(STEP / 3).await;
     let ledger = load.finish().await;

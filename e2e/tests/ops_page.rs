@@ -53,7 +53,8 @@ struct Bulk {
 }
 
 /// Runs the browser script against `url`, which must show `expect_detail` in the dead item's
-/// details; `None` when the browser tests cannot run here.
+/// details and, for orders-service, the broker's tile "ok"; `None` when the browser tests
+/// cannot run here.
 async fn drive_ops_page(
     service: &str,
     url: &str,
@@ -85,6 +86,7 @@ async fn drive_ops_page(
         .env("BULK_ACTION", bulk.action)
         .env("FILTER_KEY", bulk.key)
         .env("FILTER_VALUE", bulk.value)
+        .env("EXPECT_BROKER", if service == "orders" { "ok" } else { "" })
         .output()
         .await
         .expect("node runs");

@@ -34,6 +34,12 @@ pub const OPS: OpsPage = OpsPage {
             label: "Parked aggregates",
             alert: true,
         },
+        // Shown only on an instance that runs a relay.
+        Tile {
+            key: "broker",
+            label: "Broker",
+            alert: true,
+        },
         // Shown only with RELAY_WAL_SLOT, which the stats hold them for.
         Tile {
             key: "walLagBytes",

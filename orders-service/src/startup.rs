@@ -11,6 +11,7 @@ use axum::Router;
 use axum::extract::FromRef;
 use jetstream_outbox::{
     Cleanup, JetStreamPublisher, RELAY_CONNECTIONS, Relay, StreamRepair, Wakeup,
+    relay::RelayHealth,
     wal::{SlotLag, WalWakeup},
 };
 use service_kit::admin::{AdminSecurity, AdminToken};
@@ -46,6 +47,8 @@ pub struct AppState {
     pub history: History,
     /// With `RELAY_WAL_SLOT`, the slot's lag as last read, which the stats show.
     pub wal_lag: Option<SlotLag>,
+    /// With a relay in this process, what it last saw of the broker, which the stats show.
+    pub relay_health: Option<RelayHealth>,
 }
 
 #[derive(OpenApi)]
@@ -165,6 +168,7 @@ impl App {
             gauges: Arc::new(Cached::new(service_kit::metrics::GAUGE_INTERVAL)),
             history: history.clone(),
             wal_lag: wal_wakeup.as_ref().map(WalWakeup::lag),
+            relay_health: relay.as_ref().map(Relay::health),
         };
         let refresh = console::refresh(state.clone());
         let router = router(

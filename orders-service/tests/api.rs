@@ -168,6 +168,7 @@ async fn failure_before_commit_leaves_neither_order_nor_event() {
         stats.get("walLagBytes").is_none() && stats.get("walLagSeconds").is_none(),
         "no slot, no lag: {stats}"
     );
+    assert_eq!(stats["broker"], "ok", "its relay sees the broker: {stats}");
     app.stop().await;
 }
 
@@ -326,6 +327,11 @@ async fn list_pages_newest_first() {
 #[tokio::test]
 async fn admin_endpoints_need_the_token_and_retry_or_skip_dead_events() {
     let (app, ids) = TestApp::with_two_dead_events().await;
+    let stats: Value = app.get("/outbox/stats").await.json().await.unwrap();
+    assert!(
+        stats.get("broker").is_none(),
+        "no relay, no broker: {stats}"
+    );
 
     let url = format!("{}/outbox/dead", app.running.url);
     problem(app.client.get(&url).send().await.unwrap(), 401, None).await;

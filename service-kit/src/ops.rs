@@ -74,7 +74,7 @@ pub struct Tile {
     pub key: &'static str,
     /// What the page calls it.
     pub label: &'static str,
-    /// Highlighted when above zero.
+    /// Highlighted when above zero, or, for a text, when other than `ok`.
     pub alert: bool,
 }
 

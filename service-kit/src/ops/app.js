@@ -57,6 +57,11 @@ function formatStat(key, value, stats) {
   return typeof value === "number" ? value.toLocaleString() : String(value);
 }
 
+// A count above zero, or a state other than "ok".
+function isAlarming(value) {
+  return typeof value === "string" ? value !== "ok" : value > 0;
+}
+
 function formatDuration(seconds) {
   if (seconds < 90) return `${Math.round(seconds)} s`;
   if (seconds < 90 * 60) return `${Math.round(seconds / 60)} min`;
@@ -83,7 +88,7 @@ async function refreshStats() {
     // A tile whose value the stats leave out belongs to a feature this instance runs without.
     const tiles = config.tiles.filter(({ key }) => key in stats).map(({ key, label, alert }) =>
       el("div", {
-        className: alert && stats[key] > 0 ? "tile alert" : "tile",
+        className: alert && isAlarming(stats[key]) ? "tile alert" : "tile",
         title: key,
       }, [
         el("div", { className: "muted", textContent: label }),
