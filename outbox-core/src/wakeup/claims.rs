@@ -40,6 +40,7 @@ impl std::fmt::Debug for Claims {
 }
 
 /// Where a commit's events stand with the relays of this process.
+#[cfg(feature = "wal")]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum State {
     /// Every one was claimed.
@@ -52,6 +53,7 @@ pub(crate) enum State {
 
 impl Claims {
     /// Starts keeping claims, for a wake-up from the WAL.
+    #[cfg(feature = "wal")]
     pub(crate) fn watch(&self) {
         self.watched.store(true, Ordering::Relaxed);
     }
@@ -77,6 +79,7 @@ impl Claims {
     }
 
     /// Where the events `seqs` of a commit stand (none: not known, never claimed).
+    #[cfg(feature = "wal")]
     pub(crate) fn state(&self, seqs: &[i64]) -> State {
         let (recent, now) = (self.recent(), Instant::now());
         if !seqs.is_empty() && seqs.iter().all(|seq| recent.was_claimed(*seq, now)) {
@@ -89,6 +92,7 @@ impl Claims {
     }
 
     /// Changes when a claim ends.
+    #[cfg(feature = "wal")]
     pub(crate) fn ended(&self) -> watch::Receiver<u64> {
         self.ended.subscribe()
     }
@@ -152,6 +156,7 @@ impl RecentClaims {
         }
     }
 
+    #[cfg(feature = "wal")]
     fn was_claimed(&self, seq: i64, now: Instant) -> bool {
         self.seqs
             .get(&seq)

@@ -26,7 +26,9 @@ use std::sync::Arc;
 use sqlx::{PgPool, Postgres, Transaction};
 use tokio::sync::{mpsc, watch};
 
-pub(crate) use claims::{Claims, State};
+pub(crate) use claims::Claims;
+#[cfg(feature = "wal")]
+pub(crate) use claims::State;
 
 /// Tells relays that events were committed. Cheap to clone; every clone wakes the same relays.
 /// Give each outbox its own: the relays note in it the events they claim, by their seq.
