@@ -40,7 +40,10 @@ impl TestApp {
         // orders-service's part: billing waits for the stream, never makes it.
         jetstream_outbox::publisher::ensure_stream(
             &jetstream,
-            &service_kit::infra::stream_spec(&config.common),
+            &service_kit::infra::stream_spec(
+                &config.common,
+                &service_kit::config::StreamLimits::default(),
+            ),
         )
         .await
         .unwrap();

@@ -116,7 +116,10 @@ impl RunningApp {
             .expect("NATS");
         jetstream_outbox::publisher::ensure_stream(
             &async_nats::jetstream::new(nats),
-            &service_kit::infra::stream_spec(&config.common),
+            &service_kit::infra::stream_spec(
+                &config.common,
+                &service_kit::config::StreamLimits::default(),
+            ),
         )
         .await
         .expect("the stream made");

@@ -123,7 +123,7 @@ async fn orders_ops_page_retries_a_dead_event() {
     // Samples every half second (the default is five), so that the charts draw within the test.
     config.common.ops_history_interval = Duration::from_millis(500);
     config.relay.max_attempts = 1;
-    let common = config.common.clone();
+    let (common, stream) = (config.common.clone(), config.stream.clone());
     let orders = RunningApp::orders(config).await;
     // A stream that takes no message this large refuses the publish: a refusal counts toward
     // RELAY_MAX_ATTEMPTS (an unreachable broker or a missing stream would not).
@@ -166,9 +166,13 @@ async fn orders_ops_page_retries_a_dead_event() {
         value: "too-large".to_owned(),
     };
 
-    service_kit::infra::ensure_stream(&js, &common, &service_kit::infra::Refusals::default())
-        .await
-        .unwrap();
+    service_kit::infra::ensure_stream(
+        &js,
+        &service_kit::infra::stream_spec(&common, &stream),
+        &service_kit::infra::Refusals::default(),
+    )
+    .await
+    .unwrap();
 
     if drive_ops_page(
         "orders",

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use clap::{CommandFactory as _, FromArgMatches as _};
 use jetstream_outbox::{Backoff, RelayConfig};
-use service_kit::config::{Common, ConfigError, ensure, millis};
+use service_kit::config::{Common, ConfigError, StreamLimits, ensure, millis};
 
 /// orders-service's command line: a subcommand, or none to serve.
 #[derive(Debug, clap::Parser)]
@@ -67,6 +67,8 @@ pub fn command() -> clap::Command {
 struct Settings {
     #[command(flatten)]
     common: Common,
+    #[command(flatten)]
+    stream: StreamLimits,
     /// Run the relay in this process; false: commits are announced to other instances'
     /// relays with a NOTIFY after each commit (coalesced).
     #[arg(long, env = "RELAY_ENABLED", default_value_t = true, action = clap::ArgAction::Set,
@@ -126,6 +128,8 @@ struct Settings {
 pub struct Config {
     /// Settings shared with billing-service.
     pub common: Common,
+    /// The stream's replicas and limits, which orders-service makes it with.
+    pub stream: StreamLimits,
     /// The relay's behaviour.
     pub relay: RelayConfig,
     /// `RELAY_ENABLED`: run the relay in this process (default true).
@@ -160,6 +164,7 @@ impl Settings {
     fn into_config(mut self) -> Result<Config, ConfigError> {
         self.common = self.common.without_empty();
         self.common.check()?;
+        self.stream.check(&self.common)?;
         let mut relay = RelayConfig::new(&self.common.subject_prefix, "/orders-service");
         relay.batch_size = self.relay_batch_size;
         relay.max_attempts = self.relay_max_attempts;
@@ -197,6 +202,7 @@ impl Settings {
         )?;
         Ok(Config {
             common: self.common,
+            stream: self.stream,
             relay,
             relay_enabled: self.relay_enabled,
             relay_wal_slot: self.relay_wal_slot,

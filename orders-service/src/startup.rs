@@ -114,7 +114,7 @@ impl App {
             &config.common,
             "orders-service",
             migrations(),
-            Stream::Manage,
+            Stream::Manage(&config.stream),
         )
         .await?;
         let pool = base.pool.clone();
@@ -134,7 +134,10 @@ impl App {
             let relay_pool =
                 infra::connect_db_open(config.common.database_url(), RELAY_CONNECTIONS).await?;
             // The stream is checked for what the broker forgot, and made again if deleted.
-            let repair = StreamRepair::new(jetstream.clone(), infra::stream_spec(&config.common));
+            let repair = StreamRepair::new(
+                jetstream.clone(),
+                infra::stream_spec(&config.common, &config.stream),
+            );
             Some(
                 Relay::new(
                     relay_pool,

@@ -1,7 +1,9 @@
 //! The settings both services read, from the environment (or the same-named flags): one
 //! definition each, with its default and its meaning, which `--help` prints and
 //! `docs/configuration.md` is generated from. A bad value stops start-up with the variable's
-//! name.
+//! name. The stream's limits are the settings of the service that makes it ([`StreamLimits`]).
+
+mod stream;
 
 use std::time::Duration;
 
@@ -9,6 +11,8 @@ use clap::builder::TypedValueParser as _;
 use secrecy::{ExposeSecret, SecretString};
 
 use crate::ops_tokens::OpsTokens;
+
+pub use stream::StreamLimits;
 
 /// A variable that is set but unusable, or settings that do not fit together.
 #[derive(Debug, thiserror::Error)]
@@ -137,26 +141,6 @@ pub struct Common {
     #[arg(long = "nats-duplicate-window-ms", env = "NATS_DUPLICATE_WINDOW_MS",
           default_value = "120000", value_parser = millis(), help_heading = "NATS")]
     pub duplicate_window: Duration,
-    /// Stream replicas in a cluster (1 to 5). Read by orders-service, which makes the stream;
-    /// billing-service ignores it.
-    #[arg(long = "nats-stream-replicas", env = "NATS_STREAM_REPLICAS", default_value_t = 1,
-          value_parser = clap::value_parser!(u8).range(1..=5).map(usize::from),
-          help_heading = "NATS")]
-    pub stream_replicas: usize,
-    /// The stream removes messages stored longer ago than this many milliseconds (0: never);
-    /// keep it at least billing's INBOX_RETENTION_MS. Read by orders-service, which makes the
-    /// stream; billing-service ignores it.
-    #[arg(long = "nats-stream-max-age-ms", env = "NATS_STREAM_MAX_AGE_MS",
-          default_value = "604800000", value_parser = millis(), help_heading = "NATS")]
-    pub stream_max_age: Duration,
-    /// The stream removes its oldest messages beyond this many bytes (unset: no limit). Read by
-    /// orders-service, which makes the stream; billing-service ignores it.
-    #[arg(
-        long = "nats-stream-max-bytes",
-        env = "NATS_STREAM_MAX_BYTES",
-        help_heading = "NATS"
-    )]
-    pub stream_max_bytes: Option<u64>,
 
     /// Where the HTTP API listens (port 0 picks a free port).
     #[arg(long, env = "LISTEN_ADDR", help_heading = "HTTP")]
@@ -330,11 +314,6 @@ impl Common {
             "NATS_DUPLICATE_WINDOW_MS",
             !self.duplicate_window.is_zero(),
             "must be positive",
-        )?;
-        ensure(
-            "NATS_STREAM_MAX_AGE_MS",
-            self.stream_max_age.is_zero() || self.stream_max_age >= self.duplicate_window,
-            "must be 0 (no limit) or at least NATS_DUPLICATE_WINDOW_MS (JetStream's rule)",
         )?;
         self.otlp().map(drop)
     }

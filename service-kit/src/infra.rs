@@ -269,16 +269,19 @@ async fn connect_nats_as(
         .context("cannot connect to NATS_URL")
 }
 
-/// The stream of `common`: `{prefix}.>`, its duplicate window, replicas and limits.
-pub fn stream_spec(common: &crate::config::Common) -> jetstream_outbox::publisher::StreamSpec {
+/// The stream of `common` (`{prefix}.>`, its duplicate window) with `limits`.
+pub fn stream_spec(
+    common: &crate::config::Common,
+    limits: &crate::config::StreamLimits,
+) -> jetstream_outbox::publisher::StreamSpec {
     let mut spec = jetstream_outbox::publisher::StreamSpec::new(
         &common.stream,
         vec![format!("{}.>", common.subject_prefix)],
     );
     spec.duplicate_window = common.duplicate_window;
-    spec.replicas = common.stream_replicas;
-    spec.max_age = common.stream_max_age;
-    spec.max_bytes = common.stream_max_bytes;
+    spec.replicas = limits.replicas;
+    spec.max_age = limits.max_age;
+    spec.max_bytes = limits.max_bytes;
     spec
 }
 
@@ -294,15 +297,14 @@ pub async fn await_stream(
     Ok(())
 }
 
-/// Creates or updates the stream of `common` (file storage, `{prefix}.>`), retrying while
-/// JetStream does not answer yet (see [`at_start_up`]).
+/// Creates or updates the stream of `spec` (see [`stream_spec`]), retrying while JetStream
+/// does not answer yet (see [`at_start_up`]).
 pub async fn ensure_stream(
     jetstream: &async_nats::jetstream::Context,
-    common: &crate::config::Common,
+    spec: &jetstream_outbox::publisher::StreamSpec,
     refusals: &Refusals,
 ) -> anyhow::Result<()> {
-    let spec = stream_spec(common);
-    let set_up = || jetstream_outbox::publisher::ensure_stream(jetstream, &spec);
+    let set_up = || jetstream_outbox::publisher::ensure_stream(jetstream, spec);
     at_start_up_unless_refused("the stream set up", set_up, refusals).await?;
     Ok(())
 }

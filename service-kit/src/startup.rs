@@ -8,7 +8,7 @@ use sqlx::PgPool;
 use sqlx::migrate::Migrator;
 use tokio::net::TcpListener;
 
-use crate::config::Common;
+use crate::config::{Common, StreamLimits};
 use crate::http::{self, BackgroundTask, Health};
 use crate::infra;
 
@@ -26,9 +26,10 @@ pub struct Base {
 
 /// What a service does with its stream at start-up.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Stream {
-    /// Creates it, or updates it to the settings (the publisher's identity manages it).
-    Manage,
+pub enum Stream<'a> {
+    /// Creates it with these limits, or updates it to them (the publisher's identity manages
+    /// it).
+    Manage(&'a StreamLimits),
     /// Waits for it to exist (a consumer's identity may only read it).
     Await,
 }
@@ -41,7 +42,7 @@ impl Base {
         common: &Common,
         service: &str,
         migrations: Vec<(&'static str, Migrator)>,
-        stream: Stream,
+        stream: Stream<'_>,
     ) -> anyhow::Result<Self> {
         let pool =
             infra::connect_db(common.database_url(), common.database_max_connections).await?;
@@ -54,7 +55,10 @@ impl Base {
         .await?;
         let jetstream = async_nats::jetstream::new(nats.clone());
         let ready = match stream {
-            Stream::Manage => infra::ensure_stream(&jetstream, common, &refusals).await,
+            Stream::Manage(limits) => {
+                let spec = infra::stream_spec(common, limits);
+                infra::ensure_stream(&jetstream, &spec, &refusals).await
+            }
             Stream::Await => infra::await_stream(&jetstream, common, &refusals).await,
         };
         if let Err(error) = ready {
