@@ -185,9 +185,12 @@ impl Cluster {
             ("DATABASE_URL", database_url),
             ("NATS_URL", nats_url),
             ("NATS_STREAM", self.names.stream.clone()),
-            ("NATS_STREAM_REPLICAS", self.stream_replicas.to_string()),
             ("NATS_SUBJECT_PREFIX", self.names.prefix.clone()),
         ];
+        // orders-service makes the stream.
+        if matches!(kind, Kind::Orders) {
+            env.push(("NATS_STREAM_REPLICAS", self.stream_replicas.to_string()));
+        }
         if let Some((user, password)) = identity {
             env.push(("NATS_USER", user.to_owned()));
             env.push(("NATS_PASSWORD", password));

@@ -44,6 +44,19 @@ fn browser_setup() -> Result<PathBuf, String> {
     Ok(dir)
 }
 
+/// The browser-test folder; `None`, said, when the browser tests cannot run here, except under
+/// `CI`, where that fails the test.
+fn browser_dir() -> Option<PathBuf> {
+    match browser_setup() {
+        Ok(dir) => Some(dir),
+        Err(reason) if std::env::var_os("CI").is_some() => panic!("browser test: {reason}"),
+        Err(reason) => {
+            eprintln!("SKIPPED the browser part of this test: {reason}");
+            None
+        }
+    }
+}
+
 /// After the click on one dead letter, a click that takes `action` on every letter the filter
 /// `key=value` matches.
 struct Bulk {
@@ -65,14 +78,7 @@ async fn drive_ops_page(
 ) -> Option<()> {
     // Kept in the test build's folder: what the page looked like at the end.
     let screenshot = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("ops-{service}.png"));
-    let dir = match browser_setup() {
-        Ok(dir) => dir,
-        Err(reason) if std::env::var_os("CI").is_some() => panic!("browser test: {reason}"),
-        Err(reason) => {
-            eprintln!("SKIPPED the browser part of this test: {reason}");
-            return None;
-        }
-    };
+    let dir = browser_dir()?;
     let output = tokio::process::Command::new("node")
         .arg("ops-page.mjs")
         .current_dir(dir)
@@ -97,6 +103,63 @@ async fn drive_ops_page(
         String::from_utf8_lossy(&output.stderr)
     );
     eprintln!("the page at the end: {}", screenshot.display());
+    Some(())
+}
+
+/// The stream takes no more messages: the broker is full, and `/ops`'s tile says so,
+/// highlighted.
+async fn full_broker_on_the_tile(js: &jetstream::Context, stream: &str, url: &str) {
+    let mut full = js
+        .get_stream(stream)
+        .await
+        .unwrap()
+        .info()
+        .await
+        .unwrap()
+        .config
+        .clone();
+    full.max_messages = 2;
+    full.discard = jetstream::stream::DiscardPolicy::New;
+    js.update_stream(full).await.unwrap();
+    let placed = reqwest::Client::new()
+        .post(format!("{url}/orders"))
+        .json(&json!({"id": "o-ops-3", "customer": "ada", "totalMinor": 700}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(placed.status(), 201);
+    eventually("the relay to see the broker full", WAIT, || async {
+        let stats = get_json(format!("{url}/outbox/stats")).await;
+        (stats["broker"] == "storage full").then_some(())
+    })
+    .await;
+    tile_shows("orders", url, "broker", "storage full", true).await;
+}
+
+/// Loads `url`'s `/ops` until the tile `key` shows `value`, highlighted or not as `alert` says;
+/// `None` when the browser tests cannot run here.
+async fn tile_shows(service: &str, url: &str, key: &str, value: &str, alert: bool) -> Option<()> {
+    let screenshot =
+        Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("ops-{service}-{key}.png"));
+    let dir = browser_dir()?;
+    let output = tokio::process::Command::new("node")
+        .arg("ops-tile.mjs")
+        .current_dir(dir)
+        .env("OPS_URL", url)
+        .env("KEY", key)
+        .env("VALUE", value)
+        .env("ALERT", alert.to_string())
+        .env("SCREENSHOT", &screenshot)
+        .output()
+        .await
+        .expect("node runs");
+    assert!(
+        output.status.success(),
+        "the ops page's tile {key}:\n{}\n{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    eprintln!("the tile: {}", screenshot.display());
     Some(())
 }
 
@@ -211,6 +274,8 @@ async fn orders_ops_page_retries_a_dead_event() {
                 .await
                 .unwrap();
         assert_eq!(statuses, ["published", "published"]);
+
+        full_broker_on_the_tile(&js, &names.stream, &orders.url).await;
     }
     orders.stop().await;
     names.clean_up().await;

@@ -50,11 +50,12 @@ pub struct OutboxStatsWithSlot {
     /// instance's readings, which start with it (0 when none wait).
     #[serde(skip_serializing_if = "Option::is_none")]
     wal_lag_seconds: Option<f64>,
-    /// With a relay in this instance (`RELAY_ENABLED`): the broker as that relay last saw it.
-    /// `ok`; `unreachable` (events wait; `outbox_broker_unreachable`); `stream damaged` (the
-    /// stream returns none of the messages it counts and nothing is published until it is
-    /// made again; `outbox_stream_damaged`); `storage full` (events wait for room;
-    /// `outbox_broker_storage_full`). Each instance's relay sees for itself.
+    /// With a relay in this instance (`RELAY_ENABLED`): the broker as that relay's gauges say
+    /// it. `ok`; `unreachable` (events wait; `outbox_broker_unreachable`); `storage full`
+    /// (events wait for room; `outbox_broker_storage_full`, and `outbox_broker_unreachable`
+    /// with it); `stream damaged` (the stream returns none of the messages it counts, and
+    /// nothing is published until it is made again; `outbox_stream_damaged`, whatever the
+    /// others say). Each instance's relay sees for itself.
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<String>, example = "ok")]
     broker: Option<&'static str>,
@@ -63,7 +64,7 @@ pub struct OutboxStatsWithSlot {
 /// Pending events (exact below 10,000, estimated beyond with a margin), dead and parked events
 /// (counted up to 10,000: `exact` is false when a count reached it) and the age of the oldest
 /// pending one, read through indexes in constant time; with `RELAY_WAL_SLOT`, the slot's lag;
-/// with a relay in this instance, the broker as it last saw it.
+/// with a relay in this instance, the broker as it sees it.
 #[utoipa::path(get, path = "/outbox/stats", tag = "outbox",
     responses((status = 200, description = "Current outbox counts", body = OutboxStatsWithSlot)))]
 async fn stats(State(state): State<AppState>) -> Result<Json<OutboxStatsWithSlot>, ApiError> {

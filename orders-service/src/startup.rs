@@ -47,7 +47,7 @@ pub struct AppState {
     pub history: History,
     /// With `RELAY_WAL_SLOT`, the slot's lag as last read, which the stats show.
     pub wal_lag: Option<SlotLag>,
-    /// With a relay in this process, what it last saw of the broker, which the stats show.
+    /// With a relay in this process, its gauges of the broker's state, which the stats show.
     pub relay_health: Option<RelayHealth>,
 }
 

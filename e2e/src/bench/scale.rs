@@ -67,7 +67,7 @@ pub async fn scale(
         services.push(orders);
     }
     for _ in 0..replicas {
-        let env = with_replicas(env(&names, &names.billing_db, &nats_url));
+        let env = env(&names, &names.billing_db, &nats_url);
         services.push(Service::start(Kind::Billing, env, &logs).await);
     }
 

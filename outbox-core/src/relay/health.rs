@@ -1,22 +1,24 @@
-//! What a relay last saw of the broker, for a console or a stats endpoint beside it: the
-//! relay keeps it up to date with its gauges, and [`Relay::health`](super::Relay::health) hands
-//! out a handle that outlives [`Relay::run`](super::Relay::run)'s move of the relay.
+//! What a relay sees of the broker, for a console or a stats endpoint beside it: its gauges
+//! `outbox_broker_unreachable`, `outbox_broker_storage_full` and `outbox_stream_damaged`, set
+//! only through [`RelayHealth`], which [`Relay::health`](super::Relay::health) hands out, and
+//! which outlives [`Relay::run`](super::Relay::run)'s move of the relay.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 
-/// What the relay last ran into at the broker: why it publishes nothing, if it does.
+/// Why the relay publishes nothing, if it does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum BrokerState {
-    /// The broker answered the relay's last publishes or check (or it has made none yet).
+    /// None of the three gauges is 1.
     Ok,
     /// The broker does not answer (`outbox_broker_unreachable`): events wait, none becomes dead.
     Unreachable,
     /// The stream returns none of the messages it counts (`outbox_stream_damaged`): nothing is
     /// published to it until it is deleted and made again.
     StreamDamaged,
-    /// The broker refuses events for want of room (`outbox_broker_storage_full`): they wait.
+    /// The broker refuses events for want of room (`outbox_broker_storage_full`): they wait,
+    /// as in an outage (`outbox_broker_unreachable` is 1 too).
     StorageFull,
 }
 
@@ -39,63 +41,54 @@ impl std::fmt::Display for BrokerState {
     }
 }
 
-/// A handle on what one relay last saw of the broker; cheap to clone.
+/// A handle on what one relay sees of the broker, as its gauges say it; cheap to clone.
 #[derive(Debug, Clone, Default)]
-pub struct RelayHealth(Arc<AtomicU8>);
+pub struct RelayHealth(Arc<Flags>);
+
+#[derive(Debug, Default)]
+struct Flags {
+    /// `outbox_broker_unreachable`.
+    unreachable: AtomicBool,
+    /// `outbox_broker_storage_full`.
+    storage_full: AtomicBool,
+    /// `outbox_stream_damaged`.
+    stream_damaged: AtomicBool,
+}
 
 impl RelayHealth {
-    /// What the relay last ran into: its last publishes' answers, its last check of the stream.
+    /// The broker as the relay's gauges say it. When several are 1, the one that explains the
+    /// others: a full storage also counts as an outage, and a damaged stream is reported until
+    /// a check finds it sound, whatever happens meanwhile.
     pub fn broker(&self) -> BrokerState {
-        match self.0.load(Ordering::Relaxed) {
-            1 => BrokerState::Unreachable,
-            2 => BrokerState::StreamDamaged,
-            3 => BrokerState::StorageFull,
-            _ => BrokerState::Ok,
+        let flags = &self.0;
+        if flags.stream_damaged.load(Ordering::Relaxed) {
+            BrokerState::StreamDamaged
+        } else if flags.storage_full.load(Ordering::Relaxed) {
+            BrokerState::StorageFull
+        } else if flags.unreachable.load(Ordering::Relaxed) {
+            BrokerState::Unreachable
+        } else {
+            BrokerState::Ok
         }
     }
 
-    /// A publish went through, or the broker was found answering with nothing to publish.
-    pub(super) fn published(&self) {
-        self.set(BrokerState::Ok);
+    /// Sets `outbox_broker_unreachable` and its flag.
+    pub(crate) fn set_unreachable(&self, on: bool) {
+        self.0.unreachable.store(on, Ordering::Relaxed);
+        metrics::gauge!("outbox_broker_unreachable").set(f64::from(u8::from(on)));
     }
 
-    /// The broker did not answer a publish or a check.
-    pub(super) fn unreached(&self) {
-        self.set(BrokerState::Unreachable);
+    /// Sets `outbox_broker_storage_full` and its flag; returns whether it was set before.
+    pub(crate) fn swap_storage_full(&self, on: bool) -> bool {
+        let before = self.0.storage_full.swap(on, Ordering::Relaxed);
+        metrics::gauge!("outbox_broker_storage_full").set(f64::from(u8::from(on)));
+        before
     }
 
-    /// A publish was refused for want of room.
-    pub(super) fn storage_full(&self) {
-        self.set(BrokerState::StorageFull);
-    }
-
-    /// A check found the stream returning none of the messages it counts.
-    pub(super) fn stream_damaged(&self) {
-        self.set(BrokerState::StreamDamaged);
-    }
-
-    /// A check of the stream went through: the broker answers and the stream is sound, which
-    /// says nothing of its room.
-    pub(super) fn checked(&self) {
-        let _ = self
-            .0
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |state| {
-                (state != Self::code(BrokerState::StorageFull))
-                    .then_some(Self::code(BrokerState::Ok))
-            });
-    }
-
-    fn set(&self, state: BrokerState) {
-        self.0.store(Self::code(state), Ordering::Relaxed);
-    }
-
-    fn code(state: BrokerState) -> u8 {
-        match state {
-            BrokerState::Ok => 0,
-            BrokerState::Unreachable => 1,
-            BrokerState::StreamDamaged => 2,
-            BrokerState::StorageFull => 3,
-        }
+    /// Sets `outbox_stream_damaged` and its flag.
+    pub(crate) fn set_stream_damaged(&self, on: bool) {
+        self.0.stream_damaged.store(on, Ordering::Relaxed);
+        metrics::gauge!("outbox_stream_damaged").set(f64::from(u8::from(on)));
     }
 }
 
@@ -109,36 +102,26 @@ mod tests {
     }
 
     #[test]
-    fn the_last_thing_seen_is_shown() {
+    fn the_state_that_explains_the_others_is_shown() {
         let health = RelayHealth::default();
-        health.storage_full();
-        assert_eq!(health.broker(), BrokerState::StorageFull);
-        health.unreached();
+        health.set_unreachable(true);
         assert_eq!(health.broker(), BrokerState::Unreachable);
-        health.stream_damaged();
-        assert_eq!(health.broker(), BrokerState::StreamDamaged);
-        health.published();
-        assert_eq!(health.broker(), BrokerState::Ok);
-    }
-
-    #[test]
-    fn a_check_clears_all_but_a_full_storage() {
-        let health = RelayHealth::default();
-        for state in [BrokerState::Unreachable, BrokerState::StreamDamaged] {
-            health.set(state);
-            health.checked();
-            assert_eq!(health.broker(), BrokerState::Ok);
-        }
-        health.storage_full();
-        health.checked();
+        health.swap_storage_full(true);
         assert_eq!(health.broker(), BrokerState::StorageFull);
+        health.set_stream_damaged(true);
+        assert_eq!(health.broker(), BrokerState::StreamDamaged);
+        health.set_stream_damaged(false);
+        health.swap_storage_full(false);
+        assert_eq!(health.broker(), BrokerState::Unreachable);
+        health.set_unreachable(false);
+        assert_eq!(health.broker(), BrokerState::Ok);
     }
 
     #[test]
     fn clones_share_what_they_see() {
         let health = RelayHealth::default();
         let console = health.clone();
-        health.unreached();
+        health.set_unreachable(true);
         assert_eq!(console.broker(), BrokerState::Unreachable);
         assert_eq!(console.broker().to_string(), "unreachable");
     }

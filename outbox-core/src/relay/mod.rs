@@ -68,7 +68,7 @@
 //!
 //! Modules: `schedule` (the overlap of passes, a small state machine driven by [`Relay::run`]),
 //! `pass` (claim, waves, record), `message` (the CloudEvents message of a row), `watch` (when
-//! the stream is checked), `health` (what the relay last saw of the broker, [`RelayHealth`])
+//! the stream is checked), `health` (its gauges of the broker's state, [`RelayHealth`])
 //! and `storage` (every SQL statement of the relay).
 
 mod health;
@@ -78,7 +78,7 @@ mod schedule;
 pub(crate) mod storage;
 mod watch;
 
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
 use sqlx::PgPool;
@@ -179,9 +179,7 @@ pub struct Relay<P> {
     acked_high: AtomicU64,
     /// Checks of the stream for what the broker forgot ([`Relay::with_repair`]).
     watch: Option<watch::Watch>,
-    /// Whether the broker's storage was full at the last publish.
-    storage_full: AtomicBool,
-    /// What the relay last ran into at the broker, for a console.
+    /// Its gauges of the broker's state, which a console reads too.
     health: RelayHealth,
 }
 
@@ -206,7 +204,6 @@ impl<P: Publisher> Relay<P> {
             wakeup: None,
             acked_high: AtomicU64::new(0),
             watch: None,
-            storage_full: AtomicBool::new(false),
             health: RelayHealth::default(),
         }
     }
@@ -218,7 +215,10 @@ impl<P: Publisher> Relay<P> {
     /// ([`RelayConfig::delete_published`] off) to have anything to publish again.
     #[must_use]
     pub fn with_repair(mut self, repair: StreamRepair) -> Self {
-        self.watch = Some(watch::Watch::new(repair.with_lease(self.config.lease)));
+        let repair = repair
+            .with_lease(self.config.lease)
+            .with_health(self.health.clone());
+        self.watch = Some(watch::Watch::new(repair));
         self
     }
 
@@ -231,8 +231,8 @@ impl<P: Publisher> Relay<P> {
         self
     }
 
-    /// What the relay sees of the broker from now on, while it runs: whether it is reachable,
-    /// has room, and keeps what it counts (with [`Relay::with_repair`]).
+    /// What the relay sees of the broker while it runs, as its gauges say it: whether it is
+    /// reachable, has room, and keeps what it counts (with [`Relay::with_repair`]).
     pub fn health(&self) -> RelayHealth {
         self.health.clone()
     }
@@ -288,10 +288,9 @@ impl<P: Publisher> Relay<P> {
     /// Tracks whether the broker's storage is full, logging each change and keeping
     /// `outbox_broker_storage_full` (1 while full) up to date.
     fn note_storage_full(&self, full: bool) {
-        if self.storage_full.swap(full, Ordering::Relaxed) == full {
+        if self.health.swap_storage_full(full) == full {
             return;
         }
-        metrics::gauge!("outbox_broker_storage_full").set(f64::from(u8::from(full)));
         if full {
             tracing::warn!(
                 "the broker's storage is full (the stream's or its account's limits): events \
@@ -307,7 +306,6 @@ impl<P: Publisher> Relay<P> {
     /// keeping `outbox_broker_unreachable` (1 while unreachable) up to date.
     fn note_reachability(&self, reached: bool, unreached: bool) {
         if reached {
-            self.health.published();
             self.note_storage_full(false);
             self.note_reached();
         } else if unreached {
@@ -320,7 +318,7 @@ impl<P: Publisher> Relay<P> {
         let attempts = self.outage.swap(0, Ordering::Relaxed);
         if attempts > 0 {
             tracing::info!(attempts, "broker reachable again; publishing resumes");
-            metrics::gauge!("outbox_broker_unreachable").set(0.0);
+            self.health.set_unreachable(false);
         }
     }
 
@@ -331,7 +329,7 @@ impl<P: Publisher> Relay<P> {
                 "broker unreachable: events stay pending and are retried until it is back \
                  (an outage never makes an event dead)"
             );
-            metrics::gauge!("outbox_broker_unreachable").set(1.0);
+            self.health.set_unreachable(true);
         }
     }
 }

@@ -229,11 +229,8 @@ impl<P: Publisher> Relay<P> {
             Err(error) if error.is_transient() => {
                 match error {
                     PublishError::StreamNotFound(_) => self.stream_missing(),
-                    PublishError::StorageFull(_) => {
-                        self.health.storage_full();
-                        self.note_storage_full(true);
-                    }
-                    _ => self.health.unreached(),
+                    PublishError::StorageFull(_) => self.note_storage_full(true),
+                    _ => {}
                 }
                 let passes = self.outage.load(Ordering::Relaxed) + 1;
                 let delay = self

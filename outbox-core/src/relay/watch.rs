@@ -114,7 +114,6 @@ impl<P: Publisher> Relay<P> {
             Ok((report, position)) => {
                 metrics::counter!("outbox_stream_checks_total", "outcome" => "ok").increment(1);
                 self.note_reached();
-                self.health.checked();
                 let mut state = watch.state();
                 if state.failures > 0 {
                     tracing::info!(
@@ -142,15 +141,9 @@ impl<P: Publisher> Relay<P> {
             Err(error) => {
                 metrics::counter!("outbox_stream_checks_total", "outcome" => "failed").increment(1);
                 match error {
-                    RepairError::Broker(_) => {
-                        self.health.unreached();
-                        self.note_unreached();
-                    }
+                    RepairError::Broker(_) => self.note_unreached(),
                     // It answered: only the stream is wrong.
-                    RepairError::Damaged => {
-                        self.note_reached();
-                        self.health.stream_damaged();
-                    }
+                    RepairError::Damaged => self.note_reached(),
                     _ => {}
                 }
                 // Tried again every pause while it fails: the first failure says it, the

@@ -40,6 +40,7 @@ use sqlx::PgPool;
 
 use crate::error::BoxError;
 use crate::publisher::StreamSpec;
+use crate::relay::RelayHealth;
 
 /// How long a stream found gone, or deleted as damaged, is left before it is made again:
 /// nats-server 2.9 removes a deleted stream's files after it answered, and a stream made again
@@ -62,6 +63,8 @@ pub struct StreamRepair {
     margin: Duration,
     suspicion: damage::Suspicion,
     deleted: Deleted,
+    /// Where `outbox_stream_damaged` is set: the relay's, once given to one.
+    health: RelayHealth,
 }
 
 /// What a check found.
@@ -132,12 +135,19 @@ impl StreamRepair {
             margin: Duration::from_secs(60),
             suspicion: damage::Suspicion::default(),
             deleted: Deleted::default(),
+            health: RelayHealth::default(),
         }
     }
 
     /// Sets how long a pass may hold its claim (see [`crate::RelayConfig::lease`]).
     pub(crate) fn with_lease(mut self, lease: Duration) -> Self {
         self.margin = lease.saturating_mul(2);
+        self
+    }
+
+    /// Sets `outbox_stream_damaged` through the relay's `health`.
+    pub(crate) fn with_health(mut self, health: RelayHealth) -> Self {
+        self.health = health;
         self
     }
 
@@ -337,7 +347,7 @@ impl StreamRepair {
                 Ok((stream, state, Made::No))
             }
             damage::Verdict::Suspected { first } => {
-                metrics::gauge!("outbox_stream_damaged").set(1.0);
+                self.health.set_stream_damaged(true);
                 if first {
                     tracing::error!(
                         stream = %self.spec.name, messages = state.messages,
@@ -406,7 +416,7 @@ impl StreamRepair {
     /// Forgets any suspicion of damage: the stream checked is sound, or another one.
     fn not_suspected(&self) {
         self.suspicion.clear();
-        metrics::gauge!("outbox_stream_damaged").set(0.0);
+        self.health.set_stream_damaged(false);
     }
 
     /// Creates the stream with `config`, [`BEFORE_MAKING_AGAIN`] after it was found gone or

@@ -1,0 +1,38 @@
+// Loads a service's /ops page in headless Chromium and waits for one tile of its counts to show
+// VALUE, highlighted (ALERT=true) or not.
+//
+//   OPS_URL=http://127.0.0.1:8080 KEY=broker VALUE="storage full" ALERT=true [SCREENSHOT=x.png] \
+//     node ops-tile.mjs
+import { chromium } from "playwright-core";
+
+const { OPS_URL, KEY, VALUE, ALERT, SCREENSHOT } = process.env;
+const executablePath = process.env.CHROMIUM_PATH || "/usr/bin/chromium";
+
+const browser = await chromium.launch({
+  executablePath,
+  headless: true,
+  args: ["--no-sandbox", "--disable-background-networking", "--disable-component-update",
+    "--disable-default-apps", "--disable-sync", "--no-first-run"],
+});
+const problems = [];
+try {
+  const page = await browser.newPage();
+  page.setDefaultTimeout(20_000);
+  page.on("pageerror", (error) => problems.push(`page error: ${error.message}`));
+  await page.goto(`${OPS_URL}/ops`);
+  await page.waitForFunction(([key, value, alert]) => {
+    const shown = document.getElementById(`stat-${key}`);
+    return shown?.textContent === value
+      && shown.parentElement.classList.contains("alert") === alert;
+  }, [KEY, VALUE, ALERT === "true"]);
+  if (SCREENSHOT) await page.screenshot({ path: SCREENSHOT });
+} catch (error) {
+  problems.push(error.message);
+} finally {
+  await browser.close();
+}
+if (problems.length > 0) {
+  console.error(problems.join("\n"));
+  process.exit(1);
+}
+console.log(`ops page: ${KEY} shows ${VALUE}`);
