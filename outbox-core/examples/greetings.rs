@@ -5,11 +5,15 @@
 //! Run `cargo run -p jetstream-outbox --example greetings` with `DATABASE_URL` and `NATS_URL` set;
 //! then `curl localhost:3000/greetings -H 'content-type: application/json' -d '{"name":"Ada"}'`.
 
+use std::time::Duration;
+
 use async_nats::jetstream::{self, AckKind, consumer::pull};
 use axum::{Json, Router, extract::State, http::StatusCode, routing::post};
 use jetstream_outbox::inbox::{ConsumeConfig, Digest, NewDeadLetter, consume, message_id};
 use jetstream_outbox::publisher::{StreamSpec, ensure_stream};
-use jetstream_outbox::{Inbox, JetStreamPublisher, NewEvent, Outcome, Relay, RelayConfig, Wakeup};
+use jetstream_outbox::{
+    Cleanup, Inbox, JetStreamPublisher, NewEvent, Outcome, Relay, RelayConfig, StreamRepair, Wakeup,
+};
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 use tokio::net::TcpListener;
@@ -55,12 +59,18 @@ pub async fn run(
     let spec = StreamSpec::new(&stream, vec![format!("{prefix}.>")]);
     ensure_stream(&jetstream, &spec).await?;
 
-    // The producer's half: the relay publishes what the handler commits, woken by the commit.
+    // The producer's half: the relay publishes what the handler commits, woken by the commit,
+    // and publishes again what the broker acknowledged and lost (it checks the stream against
+    // the published events the outbox keeps for a day).
     let wakeup = Wakeup::in_process();
     let publisher = JetStreamPublisher::new(jetstream.clone());
     let config = RelayConfig::new(prefix, "/greetings");
-    let relay = Relay::new(pool.clone(), publisher, config).with_wakeup(&wakeup);
+    let relay = Relay::new(pool.clone(), publisher, config)
+        .with_wakeup(&wakeup)
+        .with_repair(StreamRepair::new(jetstream.clone(), spec));
     let relay = tokio::spawn(relay.run(shutdown.clone()));
+    let day = Duration::from_secs(24 * 3600);
+    tokio::spawn(Cleanup::outbox(pool.clone(), day).run(shutdown.clone()));
 
     // The consumer's half: a durable pull consumer whose messages go through the inbox.
     let config = pull::Config {
@@ -70,6 +80,8 @@ pub async fn run(
     let stream = jetstream.get_stream(&stream).await?;
     let consumer = stream.get_or_create_consumer("counter", config).await?;
     let inbox = Inbox::new(pool.clone(), "counter");
+    // A week: longer than any copy of a message can come (the stream keeps messages a week).
+    tokio::spawn(Cleanup::inbox(inbox.clone(), 7 * day).run(shutdown.clone()));
     let stop = shutdown.clone();
     let consumer = tokio::spawn(async move {
         let config = ConsumeConfig::default();

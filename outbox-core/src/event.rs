@@ -1,8 +1,10 @@
 //! The event a caller enqueues.
 //!
-//! `aggregate_type`, `aggregate_id` and `event_type` become NATS subject tokens and CloudEvents
-//! attributes, so they are restricted to 1–128 ASCII letters, digits and `-`, `_`, `:`, `@`.
-//! In particular `.`, `*`, `>`, whitespace and control characters can never reach a subject.
+//! `event_type` and `aggregate_id` become NATS subject tokens and CloudEvents attributes
+//! (`{prefix}.{event_type}.{aggregate_id}`, `ce-type`, `ce-subject`), so they are restricted to
+//! 1–128 ASCII letters, digits and `-`, `_`, `:`, `@`; `aggregate_type`, which is not in the
+//! message, follows the same rule. In particular `.`, `*`, `>`, whitespace and control
+//! characters can never reach a subject.
 
 use serde::Serialize;
 
@@ -49,7 +51,8 @@ impl NewEvent {
         self
     }
 
-    /// The aggregate type: the subject's first token after the prefix.
+    /// The aggregate type: with the aggregate id, the aggregate whose events are published in
+    /// order. Not in the message, whose subject is `{prefix}.{event_type}.{aggregate_id}`.
     pub fn aggregate_type(&self) -> &str {
         &self.aggregate_type
     }
