@@ -15,8 +15,9 @@ pub struct StreamLimits {
           value_parser = clap::value_parser!(u8).range(1..=5).map(usize::from),
           help_heading = "NATS")]
     pub replicas: usize,
-    /// The stream removes messages stored longer ago than this many milliseconds (0: never);
-    /// keep it at least billing's INBOX_RETENTION_MS.
+    /// The stream removes messages stored longer ago than this many milliseconds (0: never;
+    /// else at least NATS_DUPLICATE_WINDOW_MS). Best equal to billing's INBOX_RETENTION_MS (see
+    /// "Sizing and retentions" in docs/operations.md).
     #[arg(long = "nats-stream-max-age-ms", env = "NATS_STREAM_MAX_AGE_MS",
           default_value = "604800000", value_parser = millis(), help_heading = "NATS")]
     pub max_age: Duration,
