@@ -70,8 +70,9 @@ struct Settings {
     #[command(flatten)]
     consumer: ConsumerConfig,
     /// Inbox records are kept this many milliseconds (a day's partition at a time): a copy of
-    /// a message older than that is dead-lettered, never applied. Must exceed the duplicate
-    /// window plus the redelivery horizon (checked at start-up).
+    /// a message older than that is dead-lettered, never applied. Must exceed
+    /// NATS_DUPLICATE_WINDOW_MS + CONSUMER_ACK_WAIT_MS + CONSUMER_RETRY_DELAY_MS x
+    /// CONSUMER_MAX_RETRIES, the longest the broker redelivers a message (checked at start-up).
     #[arg(long = "inbox-retention-ms", env = "INBOX_RETENTION_MS", default_value = "604800000",
           value_parser = millis(), help_heading = "Consumer")]
     inbox_retention: Duration,
