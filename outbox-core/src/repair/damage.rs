@@ -7,9 +7,12 @@
 //! returned nothing for a while: the same stream, from the same first sequence, at every check
 //! for at least a light check's interval (and 10 s), the checks never further apart than
 //! `CONTINUOUS`. A short read failure of the server passes. A deletion refused (the identity
-//! may not) is tried again once per that time. Only streams kept by their limits are judged:
+//! may not) is tried again once per that time. Each deletion in the last hour doubles that
+//! time, up to five minutes: a broker that damages the stream again and again is not flooded
+//! each time with every event published again. Only streams kept by their limits are judged:
 //! consumers remove messages from the others.
 
+use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -18,11 +21,19 @@ use async_nats::jetstream::stream::Stream;
 use super::scan::headers_at;
 use super::{RepairError, StreamState};
 
-/// What the checks have seen of a stream that returned nothing.
+/// What the checks have seen of a stream that returned nothing, and when it was made again.
 #[derive(Debug, Clone, Default)]
 pub(super) struct Suspicion {
     seen: Arc<Mutex<Option<Seen>>>,
+    /// When streams judged damaged were deleted, within the last [`REMADE_RECENTLY`].
+    remade: Arc<Mutex<VecDeque<Instant>>>,
 }
+
+/// Deletions this recent make the wait before the next one longer.
+const REMADE_RECENTLY: Duration = Duration::from_secs(3600);
+
+/// The longest wait before deleting a stream damaged again and again.
+const LONGEST_WAIT: Duration = Duration::from_secs(300);
 
 /// Judgements further apart than this start the wait again: the checks between failed, and saw
 /// nothing.
@@ -79,6 +90,35 @@ impl Suspicion {
     pub(super) fn clear(&self) {
         *self.seen.lock().unwrap_or_else(PoisonError::into_inner) = None;
     }
+
+    /// Notes that a stream judged damaged was deleted just now, to be made again.
+    pub(super) fn remade(&self) {
+        let mut remade = self.remade.lock().unwrap_or_else(PoisonError::into_inner);
+        remade.push_back(Instant::now());
+    }
+
+    /// How long a stream must return nothing before it is deleted: `base`, doubled for each
+    /// deletion in the last hour, so that a broker that damages the stream again and again is
+    /// not flooded each time with every event published again.
+    pub(super) fn wait(&self, base: Duration) -> Duration {
+        let mut remade = self.remade.lock().unwrap_or_else(PoisonError::into_inner);
+        backed_off(base, &mut remade, Instant::now())
+    }
+}
+
+/// `base` doubled for each of the deletions `remade` holds within [`REMADE_RECENTLY`] of `now`
+/// (older ones forgotten), up to [`LONGEST_WAIT`] and never under `base`.
+fn backed_off(base: Duration, remade: &mut VecDeque<Instant>, now: Instant) -> Duration {
+    while remade
+        .front()
+        .is_some_and(|at| now.duration_since(*at) > REMADE_RECENTLY)
+    {
+        remade.pop_front();
+    }
+    let doublings = u32::try_from(remade.len()).unwrap_or(u32::MAX).min(16);
+    base.saturating_mul(1 << doublings)
+        .min(LONGEST_WAIT)
+        .max(base)
 }
 
 /// The verdict on a stream found at `state` returning nothing or not at `now`, given what was
@@ -157,6 +197,37 @@ async fn returns_nothing(stream: &Stream, state: &StreamState) -> Result<bool, R
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Each deletion in the last hour doubles the wait before the next, up to five minutes;
+    /// an hour later the wait is back to its base.
+    #[test]
+    fn a_stream_damaged_again_and_again_waits_longer() {
+        let base = Duration::from_secs(10);
+        let start = Instant::now();
+        let mut remade = VecDeque::new();
+        assert_eq!(backed_off(base, &mut remade, start), base);
+        remade.push_back(start);
+        assert_eq!(backed_off(base, &mut remade, start), base * 2);
+        remade.push_back(start + Duration::from_secs(60));
+        assert_eq!(
+            backed_off(base, &mut remade, start + Duration::from_secs(60)),
+            base * 4
+        );
+        for minute in 2..10 {
+            remade.push_back(start + Duration::from_secs(60 * minute));
+        }
+        let later = start + Duration::from_secs(600);
+        assert_eq!(backed_off(base, &mut remade, later), LONGEST_WAIT);
+        let hour_after = start + Duration::from_secs(600 + 3601);
+        assert_eq!(backed_off(base, &mut remade, hour_after), base);
+        assert!(remade.is_empty());
+        let slow = Duration::from_secs(600);
+        assert_eq!(
+            backed_off(slow, &mut remade, hour_after),
+            slow,
+            "never under the base"
+        );
+    }
 
     fn state(created_secs: i64, first_seq: u64) -> StreamState {
         StreamState {

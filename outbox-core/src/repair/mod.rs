@@ -93,7 +93,7 @@ pub enum RepairError {
     Broker(#[source] BoxError),
     /// The stream returns none of the messages it counts (its files are gone from under the
     /// broker): it is deleted and made again once that has lasted a light check's interval, and
-    /// at least 10 s.
+    /// at least 10 s (twice as long for each deletion in the last hour, up to five minutes).
     #[error("the stream returns none of the messages it counts; nothing is published to it")]
     Damaged,
     /// A database statement of the check failed.
@@ -401,6 +401,7 @@ impl StreamRepair {
              making it again"
         );
         self.not_suspected();
+        self.suspicion.remade();
         metrics::counter!("outbox_stream_damaged_total").increment(1);
         self.deleted.keep(info.config.clone());
         let (stream, state) = self.create_after_pause(info.config.clone()).await?;
@@ -410,7 +411,7 @@ impl StreamRepair {
     /// How long a stream returns nothing before it is deleted as damaged, and how long after a
     /// refused deletion it is tried again.
     fn damaged_after(&self) -> Duration {
-        self.interval.max(LEAST_DAMAGED_FOR)
+        self.suspicion.wait(self.interval.max(LEAST_DAMAGED_FOR))
     }
 
     /// Forgets any suspicion of damage: the stream checked is sound, or another one.
