@@ -11,19 +11,13 @@
 //   OPS_URL=http://127.0.0.1:8080 ADMIN_TOKEN=… READ_TOKEN=… DEAD_ID=… ACTION=retry EXPECT_DETAIL=… \
 //     [BULK_ACTION=retry FILTER_KEY=errorContains FILTER_VALUE=size] [SCREENSHOT=x.png] \
 //     node ops-page.mjs
-import { chromium } from "playwright-core";
+import { launch } from "./launch.mjs";
 
 const { OPS_URL, ADMIN_TOKEN, READ_TOKEN, DEAD_ID, ACTION, SCREENSHOT, EXPECT_DETAIL } = process.env;
 const { BULK_ACTION, FILTER_KEY, FILTER_VALUE, EXPECT_BROKER } = process.env;
-const executablePath = process.env.CHROMIUM_PATH || "/usr/bin/chromium";
 const TIMEOUT = 20_000;
 
-const browser = await chromium.launch({
-  executablePath,
-  headless: true,
-  args: ["--no-sandbox", "--disable-background-networking", "--disable-component-update",
-    "--disable-default-apps", "--disable-sync", "--no-first-run"],
-});
+const browser = await launch();
 const problems = [];
 try {
   const page = await browser.newPage();

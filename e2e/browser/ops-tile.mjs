@@ -3,17 +3,11 @@
 //
 //   OPS_URL=http://127.0.0.1:8080 KEY=broker VALUE="storage full" ALERT=true [SCREENSHOT=x.png] \
 //     node ops-tile.mjs
-import { chromium } from "playwright-core";
+import { launch } from "./launch.mjs";
 
 const { OPS_URL, KEY, VALUE, ALERT, SCREENSHOT } = process.env;
-const executablePath = process.env.CHROMIUM_PATH || "/usr/bin/chromium";
 
-const browser = await chromium.launch({
-  executablePath,
-  headless: true,
-  args: ["--no-sandbox", "--disable-background-networking", "--disable-component-update",
-    "--disable-default-apps", "--disable-sync", "--no-first-run"],
-});
+const browser = await launch();
 const problems = [];
 try {
   const page = await browser.newPage();

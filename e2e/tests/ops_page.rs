@@ -79,31 +79,40 @@ async fn drive_ops_page(
     // Kept in the test build's folder: what the page looked like at the end.
     let screenshot = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("ops-{service}.png"));
     let dir = browser_dir()?;
+    let screenshot = screenshot.display().to_string();
+    let env = [
+        ("OPS_URL", url),
+        ("ADMIN_TOKEN", TOKEN),
+        ("READ_TOKEN", READ_TOKEN),
+        ("SCREENSHOT", &screenshot),
+        ("DEAD_ID", dead_id),
+        ("ACTION", action),
+        ("EXPECT_DETAIL", expect_detail),
+        ("BULK_ACTION", bulk.action),
+        ("FILTER_KEY", bulk.key),
+        ("FILTER_VALUE", &bulk.value),
+        ("EXPECT_BROKER", if service == "orders" { "ok" } else { "" }),
+    ];
+    run_script(&dir, "ops-page.mjs", &env).await;
+    eprintln!("the page at the end: {screenshot}");
+    Some(())
+}
+
+/// Runs the browser script `script` in `dir` with `env`; fails with its output if it fails.
+async fn run_script(dir: &Path, script: &str, env: &[(&str, &str)]) {
     let output = tokio::process::Command::new("node")
-        .arg("ops-page.mjs")
+        .arg(script)
         .current_dir(dir)
-        .env("OPS_URL", url)
-        .env("ADMIN_TOKEN", TOKEN)
-        .env("READ_TOKEN", READ_TOKEN)
-        .env("SCREENSHOT", &screenshot)
-        .env("DEAD_ID", dead_id)
-        .env("ACTION", action)
-        .env("EXPECT_DETAIL", expect_detail)
-        .env("BULK_ACTION", bulk.action)
-        .env("FILTER_KEY", bulk.key)
-        .env("FILTER_VALUE", bulk.value)
-        .env("EXPECT_BROKER", if service == "orders" { "ok" } else { "" })
+        .envs(env.iter().copied())
         .output()
         .await
         .expect("node runs");
     assert!(
         output.status.success(),
-        "the ops page failed:\n{}\n{}",
+        "{script} failed:\n{}\n{}",
         String::from_utf8_lossy(&output.stdout),
         String::from_utf8_lossy(&output.stderr)
     );
-    eprintln!("the page at the end: {}", screenshot.display());
-    Some(())
 }
 
 /// The stream takes no more messages: the broker is full, and `/ops`'s tile says so,
@@ -142,24 +151,17 @@ async fn tile_shows(service: &str, url: &str, key: &str, value: &str, alert: boo
     let screenshot =
         Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("ops-{service}-{key}.png"));
     let dir = browser_dir()?;
-    let output = tokio::process::Command::new("node")
-        .arg("ops-tile.mjs")
-        .current_dir(dir)
-        .env("OPS_URL", url)
-        .env("KEY", key)
-        .env("VALUE", value)
-        .env("ALERT", alert.to_string())
-        .env("SCREENSHOT", &screenshot)
-        .output()
-        .await
-        .expect("node runs");
-    assert!(
-        output.status.success(),
-        "the ops page's tile {key}:\n{}\n{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    eprintln!("the tile: {}", screenshot.display());
+    let screenshot = screenshot.display().to_string();
+    let alert = alert.to_string();
+    let env = [
+        ("OPS_URL", url),
+        ("KEY", key),
+        ("VALUE", value),
+        ("ALERT", &alert),
+        ("SCREENSHOT", &screenshot),
+    ];
+    run_script(&dir, "ops-tile.mjs", &env).await;
+    eprintln!("the tile: {screenshot}");
     Some(())
 }
 
