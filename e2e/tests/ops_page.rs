@@ -115,10 +115,13 @@ async fn run_script(dir: &Path, script: &str, env: &[(&str, &str)]) {
     );
 }
 
-/// The stream takes no more messages: the broker is full, and `/ops`'s tile says so,
-/// highlighted.
-async fn full_broker_on_the_tile(js: &jetstream::Context, stream: &str, url: &str) {
-    let mut full = js
+/// Updates `stream`'s configuration with `change`.
+async fn change_stream(
+    js: &jetstream::Context,
+    stream: &str,
+    change: impl FnOnce(&mut jetstream::stream::Config),
+) {
+    let mut config = js
         .get_stream(stream)
         .await
         .unwrap()
@@ -127,9 +130,18 @@ async fn full_broker_on_the_tile(js: &jetstream::Context, stream: &str, url: &st
         .unwrap()
         .config
         .clone();
-    full.max_messages = 2;
-    full.discard = jetstream::stream::DiscardPolicy::New;
-    js.update_stream(full).await.unwrap();
+    change(&mut config);
+    js.update_stream(config).await.unwrap();
+}
+
+/// The stream takes no more messages: the broker is full, and `/ops`'s tile says so,
+/// highlighted.
+async fn full_broker_on_the_tile(js: &jetstream::Context, stream: &str, url: &str) {
+    change_stream(js, stream, |full| {
+        full.max_messages = 2;
+        full.discard = jetstream::stream::DiscardPolicy::New;
+    })
+    .await;
     let placed = reqwest::Client::new()
         .post(format!("{url}/orders"))
         .json(&json!({"id": "o-ops-3", "customer": "ada", "totalMinor": 700}))
@@ -194,17 +206,10 @@ async fn orders_ops_page_retries_a_dead_event() {
     // RELAY_MAX_ATTEMPTS (an unreachable broker or a missing stream would not).
     let client = async_nats::connect(testing::nats_url()).await.unwrap();
     let js = jetstream::new(client);
-    let mut refusing = js
-        .get_stream(&names.stream)
-        .await
-        .unwrap()
-        .info()
-        .await
-        .unwrap()
-        .config
-        .clone();
-    refusing.max_message_size = 16;
-    js.update_stream(refusing).await.unwrap();
+    change_stream(&js, &names.stream, |refusing| {
+        refusing.max_message_size = 16;
+    })
+    .await;
 
     for id in ["o-ops-1", "o-ops-2"] {
         let placed = reqwest::Client::new()
