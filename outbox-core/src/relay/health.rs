@@ -18,7 +18,8 @@ pub enum BrokerState {
     /// published to it until it is deleted and made again.
     StreamDamaged,
     /// The broker refuses events for want of room (`outbox_broker_storage_full`): they wait,
-    /// as in an outage (`outbox_broker_unreachable` is 1 too).
+    /// as in an outage (`outbox_broker_unreachable` is then 1 too, until a check of the stream
+    /// goes through).
     StorageFull,
 }
 
@@ -75,21 +76,48 @@ impl RelayHealth {
     /// Sets `outbox_broker_unreachable` and its flag.
     pub(crate) fn set_unreachable(&self, on: bool) {
         self.0.unreachable.store(on, Ordering::Relaxed);
-        metrics::gauge!("outbox_broker_unreachable").set(f64::from(u8::from(on)));
+        gauge("outbox_broker_unreachable", on);
     }
 
-    /// Sets `outbox_broker_storage_full` and its flag; returns whether it was set before.
+    /// Sets `outbox_broker_storage_full` and its flag; returns whether it was set before. The
+    /// gauge is written only when that changes: the process's other relays write it too.
     pub(crate) fn swap_storage_full(&self, on: bool) -> bool {
         let before = self.0.storage_full.swap(on, Ordering::Relaxed);
-        metrics::gauge!("outbox_broker_storage_full").set(f64::from(u8::from(on)));
+        if before != on {
+            gauge("outbox_broker_storage_full", on);
+        }
         before
     }
 
     /// Sets `outbox_stream_damaged` and its flag.
     pub(crate) fn set_stream_damaged(&self, on: bool) {
         self.0.stream_damaged.store(on, Ordering::Relaxed);
-        metrics::gauge!("outbox_stream_damaged").set(f64::from(u8::from(on)));
+        gauge("outbox_stream_damaged", on);
     }
+
+    /// Writes the gauges from the flags (`outbox_stream_damaged` only for a relay that
+    /// `repairs`), as the relay starts.
+    pub(crate) fn write_gauges(&self, repairs: bool) {
+        let flags = &self.0;
+        gauge(
+            "outbox_broker_unreachable",
+            flags.unreachable.load(Ordering::Relaxed),
+        );
+        gauge(
+            "outbox_broker_storage_full",
+            flags.storage_full.load(Ordering::Relaxed),
+        );
+        if repairs {
+            gauge(
+                "outbox_stream_damaged",
+                flags.stream_damaged.load(Ordering::Relaxed),
+            );
+        }
+    }
+}
+
+fn gauge(name: &'static str, on: bool) {
+    metrics::gauge!(name).set(f64::from(u8::from(on)));
 }
 
 #[cfg(test)]

@@ -253,7 +253,7 @@ impl<P: Publisher> Relay<P> {
     /// as soon as the passes ahead of them are recorded.
     pub async fn run(self, shutdown: CancellationToken) {
         tracing::info!(prefix = %self.config.subject_prefix, "relay started");
-        start_metrics(self.watch.is_some());
+        start_metrics(&self.health, self.watch.is_some());
         let mut scheduler = Scheduler::new(&self);
         loop {
             match scheduler.round(&shutdown).await {
@@ -334,9 +334,10 @@ impl<P: Publisher> Relay<P> {
     }
 }
 
-/// Makes the relay's series exist from its start, at zero: `rate()`, `increase()` and the
-/// alerts on them see a relay that has had nothing to count yet.
-fn start_metrics(repairs: bool) {
+/// Makes the relay's series exist from its start, the counters at zero and the gauges as
+/// `health` says: `rate()`, `increase()` and the alerts on them see a relay that has had
+/// nothing to count yet.
+fn start_metrics(health: &RelayHealth, repairs: bool) {
     for counter in [
         "outbox_published_total",
         "outbox_publish_failures_total",
@@ -352,11 +353,9 @@ fn start_metrics(repairs: bool) {
     if repairs {
         metrics::counter!("outbox_republished_total").increment(0);
         metrics::counter!("outbox_stream_damaged_total").increment(0);
-        metrics::gauge!("outbox_stream_damaged").set(0.0);
         for outcome in ["ok", "failed"] {
             metrics::counter!("outbox_stream_checks_total", "outcome" => outcome).increment(0);
         }
     }
-    metrics::gauge!("outbox_broker_unreachable").set(0.0);
-    metrics::gauge!("outbox_broker_storage_full").set(0.0);
+    health.write_gauges(repairs);
 }
