@@ -7,8 +7,8 @@
 //! returned nothing for a while: the same stream, from the same first sequence, at every check
 //! for at least a light check's interval (and 10 s), the checks never further apart than
 //! `CONTINUOUS`. A short read failure of the server passes. A deletion refused (the identity
-//! may not) is tried again once per that time. Each deletion in the last hour doubles that
-//! time, up to five minutes: a broker that damages the stream again and again is not flooded
+//! may not) is tried again once per that time. Each deletion in the last hour (by this
+//! process, since it started) doubles that time, up to five minutes: a broker that damages the stream again and again is not flooded
 //! each time with every event published again. Only streams kept by their limits are judged:
 //! consumers remove messages from the others.
 
@@ -98,7 +98,7 @@ impl Suspicion {
     }
 
     /// How long a stream must return nothing before it is deleted: `base`, doubled for each
-    /// deletion in the last hour, so that a broker that damages the stream again and again is
+    /// deletion this repair made in the last hour, so that a broker that damages the stream again and again is
     /// not flooded each time with every event published again.
     pub(super) fn wait(&self, base: Duration) -> Duration {
         let mut remade = self.remade.lock().unwrap_or_else(PoisonError::into_inner);

@@ -93,7 +93,8 @@ pub enum RepairError {
     Broker(#[source] BoxError),
     /// The stream returns none of the messages it counts (its files are gone from under the
     /// broker): it is deleted and made again once that has lasted a light check's interval, and
-    /// at least 10 s (twice as long for each deletion in the last hour, up to five minutes).
+    /// at least 10 s (twice as long for each deletion this repair made in the last hour, up to
+    /// five minutes).
     #[error("the stream returns none of the messages it counts; nothing is published to it")]
     Damaged,
     /// A database statement of the check failed.
