@@ -11,7 +11,7 @@
 //   OPS_URL=http://127.0.0.1:8080 ADMIN_TOKEN=… READ_TOKEN=… DEAD_ID=… ACTION=retry EXPECT_DETAIL=… \
 //     [BULK_ACTION=retry FILTER_KEY=errorContains FILTER_VALUE=size] [SCREENSHOT=x.png] \
 //     node ops-page.mjs
-import { launch } from "./launch.mjs";
+import { launch, waitForTile } from "./browser.mjs";
 
 const { OPS_URL, ADMIN_TOKEN, READ_TOKEN, DEAD_ID, ACTION, SCREENSHOT, EXPECT_DETAIL } = process.env;
 const { BULK_ACTION, FILTER_KEY, FILTER_VALUE, EXPECT_BROKER } = process.env;
@@ -45,13 +45,7 @@ try {
     () => Number(document.getElementById("stat-dead")?.textContent) >= 1);
   // The broker's tile (orders-service, whose relay runs beside the page): its state, not
   // highlighted while it is "ok".
-  if (EXPECT_BROKER) {
-    await page.waitForFunction((state) => {
-      const value = document.getElementById("stat-broker");
-      return value?.textContent === state
-        && value.parentElement.classList.contains("alert") === (state !== "ok");
-    }, EXPECT_BROKER);
-  }
+  if (EXPECT_BROKER) await waitForTile(page, "broker", EXPECT_BROKER, EXPECT_BROKER !== "ok");
   // The charts draw lines of at least two samples, and the traffic of the test shows in one.
   await page.waitForFunction(() =>
     [...document.querySelectorAll("#charts path.line")].some((p) => p.getAttribute("d").includes("L"))

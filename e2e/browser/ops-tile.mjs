@@ -3,7 +3,7 @@
 //
 //   OPS_URL=http://127.0.0.1:8080 KEY=broker VALUE="storage full" ALERT=true [SCREENSHOT=x.png] \
 //     node ops-tile.mjs
-import { launch } from "./launch.mjs";
+import { launch, waitForTile } from "./browser.mjs";
 
 const { OPS_URL, KEY, VALUE, ALERT, SCREENSHOT } = process.env;
 
@@ -14,11 +14,7 @@ try {
   page.setDefaultTimeout(20_000);
   page.on("pageerror", (error) => problems.push(`page error: ${error.message}`));
   await page.goto(`${OPS_URL}/ops`);
-  await page.waitForFunction(([key, value, alert]) => {
-    const shown = document.getElementById(`stat-${key}`);
-    return shown?.textContent === value
-      && shown.parentElement.classList.contains("alert") === alert;
-  }, [KEY, VALUE, ALERT === "true"]);
+  await waitForTile(page, KEY, VALUE, ALERT === "true");
   if (SCREENSHOT) await page.screenshot({ path: SCREENSHOT });
 } catch (error) {
   problems.push(error.message);

@@ -53,9 +53,9 @@ pub struct OutboxStatsWithSlot {
     /// With a relay in this instance (`RELAY_ENABLED`): the broker as that relay's gauges say
     /// it. `ok`; `unreachable` (events wait; `outbox_broker_unreachable`); `storage full`
     /// (events wait for room; `outbox_broker_storage_full`, and often
-    /// `outbox_broker_unreachable` with it); `stream damaged` (the stream returns none of the messages it counts, and
-    /// nothing is published until it is made again; `outbox_stream_damaged`, whatever the
-    /// others say). Each instance's relay sees for itself.
+    /// `outbox_broker_unreachable` with it); `stream damaged` (the stream returns none of the
+    /// messages it counts, and nothing is published until it is made again;
+    /// `outbox_stream_damaged`, whatever the others say). Each instance's relay sees for itself.
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<String>, example = "ok")]
     broker: Option<&'static str>,

@@ -8,9 +8,9 @@
 //! for at least a light check's interval (and 10 s), the checks never further apart than
 //! `CONTINUOUS`. A short read failure of the server passes. A deletion refused (the identity
 //! may not) is tried again once per that time. Each deletion in the last hour (by this
-//! process, since it started) doubles that time, up to five minutes: a broker that damages the stream again and again is not flooded
-//! each time with every event published again. Only streams kept by their limits are judged:
-//! consumers remove messages from the others.
+//! process, since it started) doubles that time, up to five minutes: a broker that damages the
+//! stream again and again is not flooded each time with every event published again. Only
+//! streams kept by their limits are judged: consumers remove messages from the others.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -98,8 +98,7 @@ impl Suspicion {
     }
 
     /// How long a stream must return nothing before it is deleted: `base`, doubled for each
-    /// deletion this repair made in the last hour, so that a broker that damages the stream again and again is
-    /// not flooded each time with every event published again.
+    /// deletion this repair made in the last hour.
     pub(super) fn wait(&self, base: Duration) -> Duration {
         let mut remade = self.remade.lock().unwrap_or_else(PoisonError::into_inner);
         backed_off(base, &mut remade, Instant::now())
