@@ -3,10 +3,12 @@
 //!
 //! - `nats`: [`NatsServer`], alone or as a node of a cluster, its store copied, restored, wiped;
 //! - `service`: [`Service`], a service binary as a process;
+//! - `ports`: [`free_port`], below the kernel's ephemeral range, so a restart finds it free;
 //! - `postgres`: [`PgServer`], a cluster made with `initdb`, restarted in immediate mode;
 //! - `tls`: [`TlsFiles`], a CA and a server certificate made with `openssl`.
 
 mod nats;
+mod ports;
 mod postgres;
 mod service;
 mod tls;
@@ -16,17 +18,10 @@ use std::process::Stdio;
 use std::sync::OnceLock;
 
 pub use nats::{NatsServer, Node};
+pub use ports::free_port;
 pub use postgres::PgServer;
 pub use service::{Kind, Service};
 pub use tls::TlsFiles;
-
-/// A free TCP port on loopback (bound and released; the race is harmless in tests).
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
-}
 
 /// The path of service binary `name`: in `SERVICES_BIN_DIR` when set (`scripts/test` sets it
 /// to the binaries it copied out of the image), else built once per test process with
