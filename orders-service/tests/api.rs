@@ -605,6 +605,37 @@ async fn overload_is_answered_503_at_once_not_queued() {
     app.stop().await;
 }
 
+/// A database with no connection to give is a condition a client retries: 503, as the
+/// OpenAPI document says, never 500; and nothing is half-written.
+#[tokio::test]
+async fn a_pool_with_no_free_connection_answers_503() {
+    // A pool of one (the default is 20), so that the test can hold all of it; no relay to
+    // take it back.
+    let app = TestApp::spawn_with(|config| {
+        config.common.database_max_connections = 1;
+        config.relay_enabled = false;
+    })
+    .await;
+    let held = app.pool.acquire().await.unwrap();
+    let response = app
+        .post(
+            "/orders",
+            Some(json!({"customer": "ada", "totalMinor": 100})),
+        )
+        .await;
+    let body = problem(response, 503, None).await;
+    assert!(
+        body["detail"].as_str().unwrap().contains("database"),
+        "{body}"
+    );
+    drop(held);
+    assert_eq!(
+        (app.count("orders").await, app.count("outbox").await),
+        (0, 0)
+    );
+    app.stop().await;
+}
+
 #[tokio::test]
 async fn the_relay_publishes_while_requests_hold_every_connection_of_the_pool() {
     // A small pool (the default is 20), so that the test can hold all of it.

@@ -96,9 +96,9 @@ pub struct Common {
     #[arg(long, env = "DATABASE_URL", value_parser = secret(), hide_env_values = true)]
     pub database_url: SecretString,
     /// Pool size, shared by request handlers and the work beside them (orders-service's relay
-    /// has four connections of its own besides). Keep it above the requests served at once
-    /// plus the consumer's concurrency, and mind PostgreSQL's max_connections across
-    /// instances.
+    /// has four connections of its own besides). A request that finds none free within 5 s is
+    /// answered 503. Keep it above billing-service's CONSUMER_CONCURRENCY, and mind
+    /// PostgreSQL's max_connections across instances.
     #[arg(long, env = "DATABASE_MAX_CONNECTIONS", default_value_t = 20,
           value_parser = clap::value_parser!(u32).range(1..))]
     pub database_max_connections: u32,

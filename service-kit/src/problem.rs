@@ -2,8 +2,9 @@
 //!
 //! Handlers return [`ApiError`]; the [`Json`], [`Path`] and [`Query`] extractors turn axum's
 //! rejections (malformed JSON, wrong content type, body too large, bad path or query) into the
-//! same body. A 500 never carries its cause: the cause rides in a response extension and is
-//! logged by [`crate::http::log_failures`] inside the request span.
+//! same body. A 500, or a 503 from an unavailable database, never carries its cause: the cause
+//! rides in a response extension and is logged by [`crate::http::log_failures`] inside the
+//! request span.
 
 use std::sync::Arc;
 
@@ -42,7 +43,7 @@ pub struct Problem {
     pub field: Option<String>,
 }
 
-/// The cause of a 500, kept out of the body and logged by middleware.
+/// The cause of a 500 or of a database's 503, kept out of the body and logged by middleware.
 #[derive(Debug, Clone)]
 pub struct InternalCause(pub Arc<anyhow::Error>);
 
@@ -153,6 +154,14 @@ impl IntoResponse for ApiError {
 
 impl From<sqlx::Error> for ApiError {
     fn from(error: sqlx::Error) -> Self {
+        if database_unavailable(&error) {
+            return Self {
+                cause: Some(error.into()),
+                ..Self::unavailable(
+                    "the database is unreachable or has no connection free; retry shortly",
+                )
+            };
+        }
         if let Some(db) = error.as_database_error() {
             let constraint = db.constraint().unwrap_or("a constraint").to_owned();
             if db.is_unique_violation() {
@@ -169,6 +178,19 @@ impl From<sqlx::Error> for ApiError {
             }
         }
         Self::internal(error)
+    }
+}
+
+/// Whether `error` says the database could not serve the request at all (unreachable, shutting
+/// down, out of connections), rather than that the request failed: a retry may succeed.
+fn database_unavailable(error: &sqlx::Error) -> bool {
+    match error {
+        sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_) => true,
+        sqlx::Error::Database(db) => db.code().is_some_and(|code| {
+            // Class 08 is a connection exception; 57P01-03 a server shutting down or starting.
+            code.starts_with("08") || matches!(&*code, "53300" | "57P01" | "57P02" | "57P03")
+        }),
+        _ => false,
     }
 }
 
@@ -247,6 +269,24 @@ mod tests {
         assert_eq!(error.status(), StatusCode::INTERNAL_SERVER_ERROR);
         let response = error.into_response();
         assert!(response.extensions().get::<InternalCause>().is_some());
+    }
+
+    #[test]
+    fn an_unavailable_database_is_a_503_that_keeps_its_cause_for_the_log() {
+        let error = ApiError::from(sqlx::Error::PoolTimedOut);
+        assert_eq!(error.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert!(
+            error
+                .into_response()
+                .extensions()
+                .get::<InternalCause>()
+                .is_some()
+        );
+        let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        let error = ApiError::from(sqlx::Error::Io(refused));
+        assert_eq!(error.status(), StatusCode::SERVICE_UNAVAILABLE);
+        let error = ApiError::from(sqlx::Error::RowNotFound);
+        assert_eq!(error.status(), StatusCode::INTERNAL_SERVER_ERROR);
     }
 
     #[test]
