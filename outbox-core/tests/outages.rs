@@ -1,7 +1,8 @@
 //! Outages the relay rides out without making an event dead or flooding the stream: a broker
 //! with no room left, a record that fails after its publishes, an acknowledgement lost for a
-//! message the broker stored. In a test binary of its own: the gauges and counters they read
-//! live in the process-wide metrics recorder.
+//! message the broker stored. In a test binary of its own, one test at a time: the gauges and
+//! counters they read live in the process-wide metrics recorder, which a relay's start writes
+//! from its own state.
 
 mod common;
 
@@ -17,6 +18,9 @@ use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use serde_json::json;
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+
+/// Held by each test: another test's relay would overwrite the gauge this one waits for.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// The value of metric `name` (without labels) in this binary's recorder.
 fn metric(name: &str) -> Option<f64> {
@@ -39,6 +43,7 @@ fn metric(name: &str) -> Option<f64> {
 /// is made; then every event is published.
 #[sqlx::test(migrations = false)]
 async fn a_full_stream_is_an_outage_not_a_refusal(pool: PgPool) {
+    let _alone = ONE_AT_A_TIME.lock().await;
     metric("outbox_broker_storage_full");
     migrate(&pool).await;
     let stream = TestStream::new().await;
@@ -97,6 +102,7 @@ async fn a_record_that_fails_backs_off_without_publishing_again(
     options: PgPoolOptions,
     connect: PgConnectOptions,
 ) {
+    let _alone = ONE_AT_A_TIME.lock().await;
     metric("outbox_record_failures_total");
     let pool = options.connect_with(connect.clone()).await.unwrap();
     migrate(&pool).await;
@@ -175,6 +181,7 @@ async fn with_short_window(stream: &TestStream) -> Duration {
 /// the same subject, published before, is not taken for it.
 #[sqlx::test(migrations = false)]
 async fn an_unacknowledged_event_retried_past_the_window_is_not_stored_twice(pool: PgPool) {
+    let _alone = ONE_AT_A_TIME.lock().await;
     migrate(&pool).await;
     let stream = TestStream::new().await;
     let window = with_short_window(&stream).await;
@@ -206,6 +213,7 @@ async fn an_unacknowledged_event_retried_past_the_window_is_not_stored_twice(poo
 /// again.
 #[sqlx::test(migrations = false)]
 async fn an_unacknowledged_event_the_stream_lacks_is_published_again(pool: PgPool) {
+    let _alone = ONE_AT_A_TIME.lock().await;
     migrate(&pool).await;
     let stream = TestStream::new().await;
     let window = with_short_window(&stream).await;
