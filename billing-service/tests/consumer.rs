@@ -37,13 +37,14 @@ impl TestApp {
         adjust(&mut config);
         let client = async_nats::connect(testing::nats_url()).await.unwrap();
         let jetstream = async_nats::jetstream::new(client);
-        // orders-service's part: billing waits for the stream, never makes it.
-        jetstream_outbox::publisher::ensure_stream(
+        // orders-service's part, with its retries: billing waits for the stream, never makes it.
+        service_kit::infra::ensure_stream(
             &jetstream,
             &service_kit::infra::stream_spec(
                 &config.common,
                 &service_kit::config::StreamLimits::default(),
             ),
+            &service_kit::infra::Refusals::default(),
         )
         .await
         .unwrap();

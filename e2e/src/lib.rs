@@ -114,12 +114,15 @@ impl RunningApp {
         let nats = service_kit::infra::connect_nats(config.common.nats_url(), "e2e-setup")
             .await
             .expect("NATS");
-        jetstream_outbox::publisher::ensure_stream(
+        // With orders-service's retries: nats-server 2.9 may answer a creation among many at
+        // once with a transient "error creating store for stream".
+        service_kit::infra::ensure_stream(
             &async_nats::jetstream::new(nats),
             &service_kit::infra::stream_spec(
                 &config.common,
                 &service_kit::config::StreamLimits::default(),
             ),
+            &service_kit::infra::Refusals::default(),
         )
         .await
         .expect("the stream made");

@@ -94,7 +94,7 @@ async fn a_relay_cut_off_from_its_database_lets_its_rows_go() {
         &names.stream,
         vec![format!("{}.>", names.prefix)],
     );
-    jetstream_outbox::publisher::ensure_stream(&jetstream, &spec)
+    service_kit::infra::ensure_stream(&jetstream, &spec, &service_kit::infra::Refusals::default())
         .await
         .unwrap();
 
