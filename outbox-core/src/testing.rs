@@ -239,14 +239,18 @@ where
     }
 }
 
-/// How long the replication slot helpers wait.
+/// How long a standby may take to stream a slot another instance left.
 const SLOT_WITHIN: Duration = Duration::from_secs(10);
 
-/// The backend streaming the replication slot `slot`, once one does; panics after ten
+/// How long a slot's first streaming may take: making the slot waits for every transaction
+/// that holds a transaction id on the whole server, other tests' too.
+const SLOT_MADE_WITHIN: Duration = Duration::from_secs(30);
+
+/// The backend streaming the replication slot `slot`, once one does; panics after thirty
 /// seconds.
 pub async fn slot_streamed_by(pool: &sqlx::PgPool, slot: &str) -> i32 {
     let what = format!("the slot {slot} streamed");
-    eventually(&what, SLOT_WITHIN, || streamer(pool, slot)).await
+    eventually(&what, SLOT_MADE_WITHIN, || streamer(pool, slot)).await
 }
 
 /// The backend streaming the replication slot `slot` once it is another than `previous`
