@@ -19,8 +19,17 @@ use serde_json::json;
 /// error of its own and nothing on the reply subject.
 const REFUSED_WITHIN: Duration = Duration::from_secs(3);
 
-/// A JetStream context of `user` on the cluster's server, with a short timeout.
-async fn as_user(cluster: &Cluster, user: &str, password: &str) -> jetstream::Context {
+/// How long a request that must succeed is given (a scan of the stream among them), on a
+/// machine the whole cluster loads.
+const ANSWERED_WITHIN: Duration = Duration::from_secs(30);
+
+/// A JetStream context of `user` on the cluster's server, whose requests wait `timeout`.
+async fn as_user(
+    cluster: &Cluster,
+    user: &str,
+    password: &str,
+    timeout: Duration,
+) -> jetstream::Context {
     let client = async_nats::ConnectOptions::new()
         .user_and_password(user.into(), password.into())
         .custom_inbox_prefix(format!(
@@ -35,7 +44,7 @@ async fn as_user(cluster: &Cluster, user: &str, password: &str) -> jetstream::Co
         .await
         .unwrap_or_else(|e| panic!("{user} logs in: {e}"));
     jetstream::ContextBuilder::new()
-        .timeout(REFUSED_WITHIN)
+        .timeout(timeout)
         .build(client)
 }
 
@@ -46,7 +55,7 @@ async fn billings_identity_is_refused(
     stream: &str,
     prefix: &str,
 ) {
-    let billing = as_user(cluster, "billing", password).await;
+    let billing = as_user(cluster, "billing", password, REFUSED_WITHIN).await;
     let forged = async {
         let mut headers = async_nats::HeaderMap::new();
         headers.insert("ce-type", "OrderPlaced");
@@ -91,7 +100,7 @@ async fn billings_identity_is_refused(
 
 /// Orders' identity cannot read billing's messages, nor delete its consumer or the stream.
 async fn orders_identity_is_refused(cluster: &Cluster, password: &str, stream: &str) {
-    let orders = as_user(cluster, "orders", password).await;
+    let orders = as_user(cluster, "orders", password, REFUSED_WITHIN).await;
     let handle = orders
         .get_stream(&stream)
         .await
@@ -130,7 +139,7 @@ async fn orders_identity_is_refused(cluster: &Cluster, password: &str, stream: &
 /// again one whose acknowledgement it missed.
 async fn orders_identity_finds_a_stored_event(cluster: &Cluster, password: &str, stream: &str) {
     use jetstream_outbox::{Message, Publisher as _};
-    let orders = as_user(cluster, "orders", password).await;
+    let orders = as_user(cluster, "orders", password, ANSWERED_WITHIN).await;
     let first = orders
         .get_stream(stream)
         .await
@@ -159,7 +168,7 @@ async fn orders_identity_finds_a_stored_event(cluster: &Cluster, password: &str,
 /// Orders' identity may scan its stream as the relay's repair does (through an ordered
 /// consumer, made by the API subject without a consumer name) after the events it had checked.
 async fn orders_identity_scans_its_stream(cluster: &Cluster, password: &str, stream: &str) {
-    let orders = as_user(cluster, "orders", password).await;
+    let orders = as_user(cluster, "orders", password, ANSWERED_WITHIN).await;
     let pool = cluster.orders_pool();
     let spec = jetstream_outbox::publisher::StreamSpec::new(
         stream,
