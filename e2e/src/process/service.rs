@@ -17,6 +17,16 @@ pub enum Kind {
     Billing,
 }
 
+impl Kind {
+    /// The binary's name.
+    fn binary(self) -> &'static str {
+        match self {
+            Self::Orders => "orders-service",
+            Self::Billing => "billing-service",
+        }
+    }
+}
+
 /// A service binary running as its own process.
 #[derive(Debug)]
 pub struct Service {
@@ -34,11 +44,7 @@ impl Service {
     pub async fn start(kind: Kind, mut env: Vec<(String, String)>, log_dir: &Path) -> Self {
         let port = free_port();
         env.push(("LISTEN_ADDR".into(), format!("127.0.0.1:{port}")));
-        let name = match kind {
-            Kind::Orders => "orders-service",
-            Kind::Billing => "billing-service",
-        };
-        let log = log_dir.join(format!("{name}-{port}.log"));
+        let log = log_dir.join(format!("{}-{port}.log", kind.binary()));
         let mut service = Self {
             kind,
             url: format!("http://127.0.0.1:{port}"),
@@ -52,16 +58,19 @@ impl Service {
 
     /// Starts the process again with the same settings and waits until it is ready.
     pub async fn restart(&mut self) {
-        let name = match self.kind {
-            Kind::Orders => "orders-service",
-            Kind::Billing => "billing-service",
-        };
+        self.respawn();
+        self.ready().await;
+    }
+
+    /// Starts the process again with the same settings, without waiting: for a start that may
+    /// end before the process is ready (a failpoint).
+    pub fn respawn(&mut self) {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(&self.log)
             .expect("log file");
-        let child = Command::new(binary(name))
+        let child = Command::new(binary(self.kind.binary()))
             .env("LOG_FORMAT", "json")
             // Warnings and errors only: a line per request and per message (the default, `info`)
             // would fill the log files of long runs. Interleaved benchmark runs at both levels
@@ -74,6 +83,11 @@ impl Service {
             .spawn()
             .expect("service starts");
         self.child = Some(child);
+    }
+
+    /// Waits until the running process answers `/readyz` 200; panics if it exits first.
+    async fn ready(&mut self) {
+        let name = self.kind.binary();
         let ready = format!("{}/readyz", self.url);
         let client = reqwest::Client::new();
         let deadline = std::time::Instant::now() + Duration::from_secs(30);
