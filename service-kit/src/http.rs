@@ -204,7 +204,8 @@ fn request_span<B>(request: &Request<B>) -> tracing::Span {
     span
 }
 
-/// Logs the cause of a 500 inside the request span; the body never carries it.
+/// Logs the cause of a 500 (or of a 503 for want of a database connection) inside the request
+/// span; the body never carries it.
 pub async fn log_failures(response: Response) -> Response {
     if let Some(InternalCause(cause)) = response.extensions().get::<InternalCause>() {
         tracing::error!(error = ?cause, "request failed");

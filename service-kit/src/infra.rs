@@ -30,10 +30,14 @@ pub async fn connect_db_open(url: &str, connections: u32) -> anyhow::Result<PgPo
     connect(url, options).await
 }
 
+/// How long a request waits for a pooled connection before its 503 (stated in
+/// `DATABASE_MAX_CONNECTIONS`' help and in operations.md).
+pub const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// The pool settings every pool of the services shares.
 fn pool_options() -> PgPoolOptions {
     PgPoolOptions::new()
-        .acquire_timeout(Duration::from_secs(5))
+        .acquire_timeout(ACQUIRE_TIMEOUT)
         // sqlx pings every connection it hands out, a round trip per transaction (a fifth of
         // an order's). A connection used moments ago is alive; one idle for longer may have
         // been cut (a database restart, a firewall), and is pinged and replaced if so.

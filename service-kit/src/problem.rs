@@ -2,9 +2,9 @@
 //!
 //! Handlers return [`ApiError`]; the [`Json`], [`Path`] and [`Query`] extractors turn axum's
 //! rejections (malformed JSON, wrong content type, body too large, bad path or query) into the
-//! same body. A 500, or a 503 from an unavailable database, never carries its cause: the cause
-//! rides in a response extension and is logged by [`crate::http::log_failures`] inside the
-//! request span.
+//! same body. A 500, or a 503 for want of a database connection, never carries its cause: the
+//! cause rides in a response extension and is logged by [`crate::http::log_failures`] inside
+//! the request span.
 
 use std::sync::Arc;
 
@@ -43,7 +43,8 @@ pub struct Problem {
     pub field: Option<String>,
 }
 
-/// The cause of a 500 or of a database's 503, kept out of the body and logged by middleware.
+/// The cause of a 500 (or of a 503 for want of a database connection), kept out of the body
+/// and logged by middleware.
 #[derive(Debug, Clone)]
 pub struct InternalCause(pub Arc<anyhow::Error>);
 
@@ -154,11 +155,12 @@ impl IntoResponse for ApiError {
 
 impl From<sqlx::Error> for ApiError {
     fn from(error: sqlx::Error) -> Self {
-        if database_unavailable(&error) {
+        if no_connection(&error) {
             return Self {
                 cause: Some(error.into()),
                 ..Self::unavailable(
-                    "the database is unreachable or has no connection free; retry shortly",
+                    "no connection to the database could be had (unreachable, starting, or \
+                     every connection busy); retry shortly",
                 )
             };
         }
@@ -181,15 +183,18 @@ impl From<sqlx::Error> for ApiError {
     }
 }
 
-/// Whether `error` says the database could not serve the request at all (unreachable, shutting
-/// down, out of connections), rather than that the request failed: a retry may succeed.
-fn database_unavailable(error: &sqlx::Error) -> bool {
+/// Whether `error` says no connection could be had, so the statement that needed one never
+/// reached the database (each handler's writes are one transaction). sqlx retries a refused
+/// connection, a server starting up and one out of connections until its acquire timeout. A
+/// connection lost mid-request is not among them: what it had sent may have been committed,
+/// so it stays a 500.
+fn no_connection(error: &sqlx::Error) -> bool {
     match error {
-        sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_) => true,
-        sqlx::Error::Database(db) => db.code().is_some_and(|code| {
-            // Class 08 is a connection exception; 57P01-03 a server shutting down or starting.
-            code.starts_with("08") || matches!(&*code, "53300" | "57P01" | "57P02" | "57P03")
-        }),
+        sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed => true,
+        // Refusals of a connection being established: too many, starting up, or rejected.
+        sqlx::Error::Database(db) => db
+            .code()
+            .is_some_and(|code| matches!(&*code, "53300" | "57P03" | "08001" | "08004")),
         _ => false,
     }
 }
@@ -272,7 +277,7 @@ mod tests {
     }
 
     #[test]
-    fn an_unavailable_database_is_a_503_that_keeps_its_cause_for_the_log() {
+    fn no_connection_is_a_503_that_keeps_its_cause_for_the_log() {
         let error = ApiError::from(sqlx::Error::PoolTimedOut);
         assert_eq!(error.status(), StatusCode::SERVICE_UNAVAILABLE);
         assert!(
@@ -282,9 +287,10 @@ mod tests {
                 .get::<InternalCause>()
                 .is_some()
         );
-        let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
-        let error = ApiError::from(sqlx::Error::Io(refused));
-        assert_eq!(error.status(), StatusCode::SERVICE_UNAVAILABLE);
+        // Lost mid-request: the request may have taken effect, a retry is not known safe.
+        let reset = std::io::Error::from(std::io::ErrorKind::ConnectionReset);
+        let error = ApiError::from(sqlx::Error::Io(reset));
+        assert_eq!(error.status(), StatusCode::INTERNAL_SERVER_ERROR);
         let error = ApiError::from(sqlx::Error::RowNotFound);
         assert_eq!(error.status(), StatusCode::INTERNAL_SERVER_ERROR);
     }
