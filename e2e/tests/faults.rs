@@ -267,7 +267,11 @@ async fn billing_killed_after_commit_before_ack() {
     // Not waiting for readiness: the backlog may reach the failpoint first.
     cluster.billing[0].respawn();
     let exit = cluster.billing[0].exited().await;
-    assert!(!exit.success(), "billing aborted at the failpoint");
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&exit),
+        Some(6),
+        "billing aborted (SIGABRT) at the failpoint, not at start-up: {exit}"
+    );
     cluster.billing[0].set_env("FAILPOINT_CRASH_AFTER_COMMITS", None);
     cluster.billing[0].restart().await;
     load.progress(STEP).await;

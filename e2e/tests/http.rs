@@ -16,7 +16,8 @@ async fn invoices_of(client: &reqwest::Client, billing: &str, order_id: &str) ->
 }
 
 /// orders-service's `/metrics` once it shows no pending event. The gauges it reads from the
-/// database are computed at most once a second: the last may predate the relay's record.
+/// database are computed at most once per `service_kit::metrics::GAUGE_INTERVAL`: the last
+/// may predate the relay's record.
 async fn metrics_with_nothing_pending(client: &reqwest::Client, orders: &str) -> String {
     eventually(
         "no pending event in /metrics",

@@ -246,18 +246,33 @@ const SLOT_WITHIN: Duration = Duration::from_secs(10);
 /// that holds a transaction id on the whole server, other tests' too.
 const SLOT_MADE_WITHIN: Duration = Duration::from_secs(30);
 
-/// The backend streaming the replication slot `slot`, once one does; panics after thirty
-/// seconds.
+/// The backend streaming the replication slot `slot`, once one does; panics after
+/// `SLOT_MADE_WITHIN`.
 pub async fn slot_streamed_by(pool: &sqlx::PgPool, slot: &str) -> i32 {
     let what = format!("the slot {slot} streamed");
     eventually(&what, SLOT_MADE_WITHIN, || streamer(pool, slot)).await
 }
 
-/// The backend streaming the replication slot `slot` once it is another than `previous`
-/// (a standby took over, or the slot was made again); panics after ten seconds.
+/// The backend streaming the replication slot `slot` once it is another than `previous`, a
+/// standby having taken over; panics after `SLOT_WITHIN`.
 pub async fn slot_streamed_by_another(pool: &sqlx::PgPool, slot: &str, previous: i32) -> i32 {
+    streamed_by_another(pool, slot, previous, SLOT_WITHIN).await
+}
+
+/// The backend streaming the replication slot `slot`, made again after it was dropped, once
+/// it is another than `previous`; panics after `SLOT_MADE_WITHIN`.
+pub async fn slot_made_again_and_streamed(pool: &sqlx::PgPool, slot: &str, previous: i32) -> i32 {
+    streamed_by_another(pool, slot, previous, SLOT_MADE_WITHIN).await
+}
+
+async fn streamed_by_another(
+    pool: &sqlx::PgPool,
+    slot: &str,
+    previous: i32,
+    within: Duration,
+) -> i32 {
     let what = format!("the slot {slot} streamed by another backend than {previous}");
-    eventually(&what, SLOT_WITHIN, || async {
+    eventually(&what, within, || async {
         streamer(pool, slot).await.filter(|pid| *pid != previous)
     })
     .await

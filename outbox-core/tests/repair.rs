@@ -125,7 +125,7 @@ async fn a_deleted_stream_is_made_again_with_what_it_held(pool: PgPool) {
     }
 
     // Long enough for a second repair: nats-server 2.9 may take the files of a stream made
-    // again at once, and the stream is judged damaged only after 10 s of returning nothing.
+    // again at once, and only a stream that has returned nothing for a while is judged damaged.
     let (ids, in_order) = eventually(
         "ten in the stream made again",
         Duration::from_secs(60),

@@ -11,7 +11,8 @@ use std::time::Duration;
 
 use common::{TestStream, enqueue, migrate};
 use jetstream_outbox::testing::{
-    SlotGuard, eventually, hold_streaming_lock, slot_streamed_by, slot_streamed_by_another,
+    SlotGuard, eventually, hold_streaming_lock, slot_made_again_and_streamed, slot_streamed_by,
+    slot_streamed_by_another,
 };
 use jetstream_outbox::wal::WalWakeup;
 use jetstream_outbox::{Relay, Wakeup};
@@ -165,7 +166,7 @@ async fn a_slot_dropped_under_it_is_made_again(pool: PgPool) {
     })
     .await;
     enqueue(&pool, "o1", "OrderPlaced", json!({"orderId": "o1"})).await;
-    slot_streamed_by_another(&pool, slot.name(), before).await;
+    slot_made_again_and_streamed(&pool, slot.name(), before).await;
     published(&stream, 1).await;
     enqueue(&pool, "o1", "OrderPaid", json!({"orderId": "o1"})).await;
     published(&stream, 2).await;

@@ -395,7 +395,7 @@ impl NatsServer {
     }
 
     /// Starts a server no client knows yet: on another free port when the one it was given was
-    /// taken between `free_port` and the server's bind (another test's server got it).
+    /// taken between `free_port` and the server's bind (by a program outside the tests).
     async fn start_fresh(&mut self) {
         for _ in 0..3 {
             if self.spawn_accepting().await {

@@ -7,7 +7,9 @@
 //! test process keeps two scenarios off the same one.
 
 use std::fs::{File, TryLockError};
+use std::io::ErrorKind;
 use std::net::TcpListener;
+use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
 use std::path::Path;
 use std::sync::Mutex;
 
@@ -23,8 +25,7 @@ pub fn free_port() -> u16 {
     let Some(range) = reservable() else {
         return kernel_port();
     };
-    let dir = std::env::temp_dir().join("e2e-ports");
-    std::fs::create_dir_all(&dir).expect("the ports' lock directory");
+    let dir = lock_dir();
     let span = u128::from(range.1 - range.0);
     for _ in 0..1_000 {
         let offset = u16::try_from(uuid::Uuid::new_v4().as_u128() % span).expect("below span");
@@ -41,14 +42,30 @@ pub fn free_port() -> u16 {
     panic!("no free port in {}..{}", range.0, range.1);
 }
 
+/// The directory of the lock files, one for every user of the machine: writable by all, as
+/// `/tmp` is, since the ports are the machine's.
+fn lock_dir() -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join("e2e-ports");
+    std::fs::create_dir_all(&dir).expect("the ports' lock directory");
+    // Only its owner may change it; for everyone else it is already done.
+    let _ = std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o1777));
+    dir
+}
+
 /// The lock on `path`, or `None` when another process (or this one) holds it.
 fn reserve(path: &Path) -> Option<File> {
-    let file = File::options()
+    let created = File::options()
         .create(true)
         .truncate(false)
         .write(true)
-        .open(path)
-        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        .mode(0o666)
+        .open(path);
+    // Another user's file: a lock needs no write access to it.
+    let file = match created {
+        Err(e) if e.kind() == ErrorKind::PermissionDenied => File::open(path),
+        other => other,
+    }
+    .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     match file.try_lock() {
         Ok(()) => Some(file),
         Err(TryLockError::WouldBlock) => None,
@@ -64,6 +81,7 @@ fn reservable() -> Option<(u16, u16)> {
     (first > LOWEST + 1_000).then_some((LOWEST, first))
 }
 
+/// A port from `bind(0)`, where the kernel's ephemeral range leaves no room below it.
 fn kernel_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
@@ -77,12 +95,13 @@ mod tests {
 
     #[test]
     fn a_port_is_below_the_ephemeral_range_and_held() {
-        let (_, first_ephemeral) = reservable().expect("this machine's kernel gives its range");
+        let Some((_, first_ephemeral)) = reservable() else {
+            eprintln!("no room below the ephemeral range here: ports come from bind(0)");
+            return;
+        };
         let port = free_port();
         assert!(port < first_ephemeral, "{port} is one the kernel hands out");
-        let again = std::env::temp_dir()
-            .join("e2e-ports")
-            .join(port.to_string());
+        let again = lock_dir().join(port.to_string());
         assert!(reserve(&again).is_none(), "{port} is not held");
         assert_ne!(free_port(), port);
     }

@@ -19,7 +19,7 @@ pub enum Kind {
 
 impl Kind {
     /// The binary's name.
-    fn binary(self) -> &'static str {
+    fn name(self) -> &'static str {
         match self {
             Self::Orders => "orders-service",
             Self::Billing => "billing-service",
@@ -44,7 +44,7 @@ impl Service {
     pub async fn start(kind: Kind, mut env: Vec<(String, String)>, log_dir: &Path) -> Self {
         let port = free_port();
         env.push(("LISTEN_ADDR".into(), format!("127.0.0.1:{port}")));
-        let log = log_dir.join(format!("{}-{port}.log", kind.binary()));
+        let log = log_dir.join(format!("{}-{port}.log", kind.name()));
         let mut service = Self {
             kind,
             url: format!("http://127.0.0.1:{port}"),
@@ -70,7 +70,7 @@ impl Service {
             .append(true)
             .open(&self.log)
             .expect("log file");
-        let child = Command::new(binary(self.kind.binary()))
+        let child = Command::new(binary(self.kind.name()))
             .env("LOG_FORMAT", "json")
             // Warnings and errors only: a line per request and per message (the default, `info`)
             // would fill the log files of long runs. Interleaved benchmark runs at both levels
@@ -87,7 +87,7 @@ impl Service {
 
     /// Waits until the running process answers `/readyz` 200; panics if it exits first.
     async fn ready(&mut self) {
-        let name = self.kind.binary();
+        let name = self.kind.name();
         let ready = format!("{}/readyz", self.url);
         let client = reqwest::Client::new();
         let deadline = std::time::Instant::now() + Duration::from_secs(30);
