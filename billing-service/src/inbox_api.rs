@@ -297,18 +297,20 @@ async fn replay_matching(
     let mut not_yet = Vec::new();
     for letter in letters {
         after = letter.id;
-        match replay(&state, &letter).await? {
-            Verdict::Ack => outcome.count += 1,
-            Verdict::Retry(_) => not_yet.push(letter),
-            Verdict::Dead(_) => outcome.not_applied += 1,
+        match replay(&state, letter.id).await? {
+            Some(Verdict::Ack) => outcome.count += 1,
+            Some(Verdict::Retry(_)) => not_yet.push(letter.id),
+            Some(Verdict::Dead(_)) => outcome.not_applied += 1,
+            None => {} // closed meanwhile
         }
     }
     // An OrderPaid letter older than its OrderPlaced letter applies once the latter has.
     if outcome.count > 0 {
-        for letter in std::mem::take(&mut not_yet) {
-            match replay(&state, &letter).await? {
-                Verdict::Ack => outcome.count += 1,
-                _ => outcome.not_applied += 1,
+        for id in std::mem::take(&mut not_yet) {
+            match replay(&state, id).await? {
+                Some(Verdict::Ack) => outcome.count += 1,
+                Some(_) => outcome.not_applied += 1,
+                None => {}
             }
         }
     }
@@ -363,16 +365,22 @@ fn described(filter: &DeadLetterFilter) -> String {
     ])
 }
 
-/// Applies dead letter `letter` again through the rules, and closes it when that worked.
-async fn replay(state: &AppState, letter: &DeadLetter) -> Result<Verdict, ApiError> {
+/// Applies open dead letter `id` again through the rules, and closes it when that worked;
+/// `None` if it is not open. The letter is held meanwhile, so a skip of it waits and then
+/// finds it applied, rather than recording as skipped a letter this applies.
+async fn replay(state: &AppState, id: i64) -> Result<Option<Verdict>, ApiError> {
+    let Some(held) = state.rules.inbox().hold_dead_letter(id).await? else {
+        return Ok(None);
+    };
+    let letter = held.letter();
     let verdict = state
         .rules
         .verdict(&letter.header_map(), &letter.payload)
         .await;
     if verdict == Verdict::Ack {
-        state.rules.inbox().close_dead_letter(letter.id).await?;
+        held.close().await?;
     }
-    Ok(verdict)
+    Ok(Some(verdict))
 }
 
 /// Applies a dead letter again through the inbox, e.g. after the cause was fixed (admin).
@@ -394,12 +402,9 @@ async fn retry(
     State(state): State<AppState>,
     Path(id): Path<i64>,
 ) -> Result<Json<ActionResult>, ApiError> {
-    let inbox = state.rules.inbox();
-    let letter = inbox
-        .dead_letter_by_id(id)
+    let verdict = replay(&state, id)
         .await?
         .ok_or_else(|| ApiError::not_found(format!("no open dead letter {id}")))?;
-    let verdict = replay(&state, &letter).await?;
     let applied = u64::from(verdict == Verdict::Ack);
     let target = format!("dead letter {id}");
     audit::record(&state.pool, &admin.name, "replay", &target, applied).await;

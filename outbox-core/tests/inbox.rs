@@ -825,3 +825,67 @@ async fn only_data_the_database_refuses_is_refused_for_good(pool: PgPool) {
     assert_eq!(inbox::refused_for_good(&missing), None, "{missing}");
     assert_eq!(inbox::refused_for_good(&sqlx::Error::PoolTimedOut), None);
 }
+
+/// A replay holds its letter: a skip sent while the replay's effect runs waits for it, then
+/// finds the letter applied, so no letter is applied and recorded as skipped.
+#[sqlx::test(migrations = false)]
+async fn a_skip_waits_for_a_replay_and_finds_its_letter_applied(pool: PgPool) {
+    migrate(&pool).await;
+    let inbox = Inbox::new(pool.clone(), "billing");
+    let id = inbox
+        .dead_letter(NewDeadLetter::new(
+            "orders.OrderPaid.o-1",
+            b"{}",
+            "no invoice yet",
+        ))
+        .await
+        .unwrap();
+    let held = inbox.hold_dead_letter(id).await.unwrap().expect("open");
+    assert_eq!(held.letter().id, id);
+
+    let skip = tokio::spawn({
+        let inbox = inbox.clone();
+        async move { inbox.skip_dead_letter(id).await.unwrap() }
+    });
+    // The skip is waiting on the held row's lock.
+    let mut waiting = false;
+    for _ in 0..200 {
+        let locked: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity
+             WHERE datname = current_database() AND wait_event_type = 'Lock'",
+        )
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        if locked > 0 {
+            waiting = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert!(waiting, "the skip did not wait for the held letter");
+    assert!(!skip.is_finished());
+
+    held.close().await.unwrap();
+    assert!(!skip.await.unwrap(), "the skip closed an applied letter");
+    let resolution: Option<String> =
+        sqlx::query_scalar("SELECT resolution FROM inbox_dead WHERE id = $1")
+            .bind(id)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(resolution.as_deref(), Some("applied"));
+    assert!(inbox.hold_dead_letter(id).await.unwrap().is_none());
+
+    // A hold dropped without closing leaves its letter open.
+    let other = inbox
+        .dead_letter(NewDeadLetter::new(
+            "orders.OrderPaid.o-2",
+            b"{}",
+            "no invoice yet",
+        ))
+        .await
+        .unwrap();
+    drop(inbox.hold_dead_letter(other).await.unwrap().expect("open"));
+    assert!(inbox.skip_dead_letter(other).await.unwrap());
+}

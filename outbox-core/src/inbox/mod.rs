@@ -18,6 +18,7 @@
 
 mod consume;
 mod message;
+mod replay;
 pub(crate) mod storage;
 
 use std::sync::Arc;
@@ -32,6 +33,7 @@ use sqlx::{PgConnection, PgPool};
 
 pub use consume::{ConsumeConfig, ConsumeError, consume};
 pub use message::{Body, message_id};
+pub use replay::HeldDeadLetter;
 
 /// What happened to a message.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -564,7 +566,8 @@ impl Inbox {
         storage::find_dead(&self.pool, &self.consumer, id).await
     }
 
-    /// Closes a dead letter once its replay succeeded; false if it was not open.
+    /// Closes a dead letter once its replay succeeded; false if it was not open. A skip can
+    /// come between the replay and this: [`Inbox::hold_dead_letter`] keeps it out.
     pub async fn close_dead_letter(&self, id: i64) -> sqlx::Result<bool> {
         let filter = DeadLetterFilter::all();
         Ok(

@@ -375,6 +375,45 @@ pub(crate) async fn find_dead(
     .await
 }
 
+/// Reads open dead letter `id` and locks it until `tx` ends.
+pub(crate) async fn lock_dead(
+    tx: &mut PgConnection,
+    consumer: &str,
+    id: i64,
+) -> sqlx::Result<Option<DeadLetter>> {
+    sqlx::query_as!(
+        DeadLetter,
+        r#"
+        SELECT id, message_id, subject, headers, payload, error, error_class, deliveries,
+            created_at
+        FROM inbox_dead
+        WHERE consumer = $1 AND id = $2 AND closed_at IS NULL
+        FOR UPDATE
+        "#,
+        consumer,
+        id,
+    )
+    .fetch_optional(tx)
+    .await
+}
+
+/// Closes dead letter `id`, locked by `tx` ([`lock_dead`]), as applied.
+pub(crate) async fn close_held_dead(
+    tx: &mut PgConnection,
+    consumer: &str,
+    id: i64,
+) -> sqlx::Result<()> {
+    sqlx::query!(
+        "UPDATE inbox_dead SET closed_at = now(), resolution = 'applied' \
+         WHERE consumer = $1 AND id = $2",
+        consumer,
+        id,
+    )
+    .execute(tx)
+    .await?;
+    Ok(())
+}
+
 /// Closes the open dead letters matching `id` (when given) and `filter` with `resolution`
 /// (`applied` or `skipped`), and returns how many there were.
 pub(crate) async fn close_dead(

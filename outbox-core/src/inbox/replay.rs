@@ -1,0 +1,48 @@
+//! Replaying a dead letter while it is held, so that a skip of the same letter cannot slip
+//! in between the replay's effect and the letter's closing.
+
+use sqlx::{Postgres, Transaction};
+
+use super::{DeadLetter, Inbox, storage};
+
+/// An open dead letter held for a replay: until it is closed or dropped, a skip of it (one or
+/// in bulk) waits, and then finds it closed if the replay applied it.
+///
+/// The hold is a row lock in a transaction of its own, so the replay's effect runs in another
+/// transaction beside it (through [`Inbox::process`], for example), and the pool needs a second
+/// connection meanwhile. Dropping it without [`HeldDeadLetter::close`] leaves the letter open.
+#[derive(Debug)]
+pub struct HeldDeadLetter {
+    tx: Transaction<'static, Postgres>,
+    letter: DeadLetter,
+    consumer: String,
+}
+
+impl HeldDeadLetter {
+    /// The letter held.
+    pub fn letter(&self) -> &DeadLetter {
+        &self.letter
+    }
+
+    /// Closes the letter as applied, once its replay's effect committed, and ends the hold.
+    pub async fn close(mut self) -> sqlx::Result<()> {
+        storage::close_held_dead(&mut self.tx, &self.consumer, self.letter.id).await?;
+        self.tx.commit().await
+    }
+}
+
+impl Inbox {
+    /// Holds the open dead letter `id` for a replay ([`HeldDeadLetter`]); `None` if no open
+    /// letter has this id, skipped or applied meanwhile included.
+    pub async fn hold_dead_letter(&self, id: i64) -> sqlx::Result<Option<HeldDeadLetter>> {
+        let mut tx = self.pool.begin().await?;
+        let Some(letter) = storage::lock_dead(&mut tx, &self.consumer, id).await? else {
+            return Ok(None);
+        };
+        Ok(Some(HeldDeadLetter {
+            tx,
+            letter,
+            consumer: self.consumer.clone(),
+        }))
+    }
+}
