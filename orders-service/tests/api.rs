@@ -292,6 +292,31 @@ async fn idempotent_post_and_lifecycle_transitions() {
     app.stop().await;
 }
 
+/// PostgreSQL's text cannot hold U+0000: a request carrying one is refused, never a 500.
+#[tokio::test]
+async fn a_nul_character_is_refused_with_a_problem() {
+    let app = TestApp::spawn().await;
+    for response in [
+        app.get("/orders/a%00b").await,
+        app.post("/orders/a%00b/pay", None).await,
+    ] {
+        let body = problem(response, 422, None).await;
+        assert!(
+            body["detail"].as_str().unwrap().contains("U+0000"),
+            "{body}"
+        );
+    }
+    // A body's values are checked before they reach the database.
+    let body = json!({"id": "o-nul", "customer": "a\u{0}b", "totalMinor": 1});
+    problem(app.post("/orders", Some(body)).await, 422, Some("customer")).await;
+    let orders: i64 = sqlx::query_scalar("SELECT count(*) FROM orders")
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
+    assert_eq!(orders, 0);
+    app.stop().await;
+}
+
 #[tokio::test]
 async fn list_pages_newest_first() {
     let app = TestApp::spawn().await;

@@ -165,6 +165,18 @@ impl From<sqlx::Error> for ApiError {
             };
         }
         if let Some(db) = error.as_database_error() {
+            // Text and JSON cannot hold U+0000: only a request's own values carry one.
+            if db
+                .code()
+                .is_some_and(|code| matches!(&*code, "22021" | "22P05"))
+            {
+                return Self::new(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    "validation",
+                    "a value of the request holds a character the database cannot store \
+                     (U+0000)",
+                );
+            }
             let constraint = db.constraint().unwrap_or("a constraint").to_owned();
             if db.is_unique_violation() {
                 return Self::conflict(format!(
