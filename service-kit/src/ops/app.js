@@ -9,6 +9,10 @@ const REFRESH_MS = 2000;
 let token = "";
 // The filters the list shows and the bulk buttons act on: those applied, not those typed.
 let filters = new URLSearchParams();
+// The last filters the service accepted, and a count of changes to `filters`, so that a reply
+// to filters replaced meanwhile is dropped rather than shown.
+let acceptedFilters = new URLSearchParams();
+let filtersVersion = 0;
 
 const el = (tag, props = {}, children = []) => {
   const node = document.createElement(tag);
@@ -35,6 +39,8 @@ async function problemDetail(response) {
 // Counts stop at a limit (the stats stay cheap with millions of rows): one that reached it
 // reads "at least", unless the stats estimate it (a `…Margin` beside it).
 const COUNT_LIMIT = 10000;
+// The counts the services count up to COUNT_LIMIT and no further (`exact` is false then).
+const CAPPED = new Set(["dead", "parked"]);
 
 function formatBytes(bytes) {
   const units = ["B", "KiB", "MiB", "GiB", "TiB"];
@@ -51,7 +57,7 @@ function formatStat(key, value, stats) {
   if (typeof value === "number" && key.endsWith("Bytes")) return formatBytes(value);
   const margin = stats[`${key}Margin`];
   if (margin > 0) return `≈ ${value.toLocaleString()} ± ${margin.toLocaleString()}`;
-  if (margin === undefined && stats.exact === false && value >= COUNT_LIMIT) {
+  if (CAPPED.has(key) && stats.exact === false && value >= COUNT_LIMIT) {
     return `≥ ${value.toLocaleString()}`;
   }
   return typeof value === "number" ? value.toLocaleString() : String(value);
@@ -242,6 +248,8 @@ async function act(id, action) {
     setStatus(`${action.label}: ${id} done`, "good");
   } else {
     setStatus(`${action.label}: ${id} refused (${response.status}): ${await problemDetail(response)}`, "bad");
+    // Open details show what the action left: its error and attempts may have changed.
+    if (openDetails.has(id)) await loadDetail(id);
   }
   await Promise.all([refreshStats(), refreshDead(), refreshAudit()]);
 }
@@ -463,27 +471,37 @@ function detailText(item) {
 
 async function refreshDead() {
   if (!token) return;
-  const query = new URLSearchParams(filters);
+  const asked = new URLSearchParams(filters);
+  const version = filtersVersion;
+  const query = new URLSearchParams(asked);
   query.set("limit", "200");
   const response = await fetch(`${config.dead}?${query}`, {
     headers: { authorization: `Bearer ${token}` },
     cache: "no-store",
   });
+  if (version !== filtersVersion) return;
   const table = document.getElementById("dead");
+  if (response.status === 422) {
+    // A bad filter value: back to the filters accepted before, in the form too, so that the
+    // list and the bulk buttons never cover more than the form shows.
+    setStatus(`Filter refused: ${await problemDetail(response)}; the previous filters stay`, "bad");
+    setFilters(acceptedFilters);
+    refreshDead();
+    return;
+  }
   if (!response.ok) {
     table.hidden = true;
     const reason = response.status === 401 ? "the token was refused"
       : response.status === 403 ? "no token is configured on this service"
       : await problemDetail(response);
     document.getElementById("dead-summary").textContent = "";
-    // A bad filter value: keep the form, so that it can be corrected.
-    document.getElementById("filter-form").hidden = response.status !== 422;
+    document.getElementById("filter-form").hidden = true;
     document.getElementById("groups-box").hidden = true;
     setStatus(`Dead letters unavailable: ${reason}`, "bad");
     if (response.status === 401 || response.status === 403) token = "";
-    if (response.status === 422) filters = new URLSearchParams();
     return;
   }
+  acceptedFilters = asked;
   const page = await response.json();
   refreshGroups();
   document.getElementById("dead-head").replaceChildren(
@@ -547,14 +565,25 @@ document.getElementById("token-form").addEventListener("submit", (event) => {
 
 document.getElementById("filter-form").addEventListener("submit", (event) => {
   event.preventDefault();
-  filters = new URLSearchParams();
+  const typed = new URLSearchParams();
   for (const { key } of config.filters) {
     const value = document.getElementById(`filter-${key}`).value.trim();
-    if (value) filters.set(key, value);
+    if (value) typed.set(key, value);
   }
+  filters = typed;
+  filtersVersion += 1;
   setStatus("");
   refreshDead();
 });
+
+// Applies `applied` as the filters, and shows them in the form.
+function setFilters(applied) {
+  filters = new URLSearchParams(applied);
+  filtersVersion += 1;
+  for (const { key } of config.filters) {
+    document.getElementById(`filter-${key}`).value = filters.get(key) ?? "";
+  }
+}
 
 showFilters();
 
