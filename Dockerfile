@@ -1,4 +1,5 @@
-# Both services in one image; docker-compose.yml picks the binary with `command`.
+# Both services, and opsctl beside them, in one image; docker-compose.yml picks the service with
+# `command`.
 # Dependencies are built in their own layer (cargo-chef), so a source change rebuilds only the
 # workspace crates.
 FROM rust:1.95-bookworm AS chef
@@ -11,7 +12,7 @@ RUN cargo chef prepare --recipe-path recipe.json
 
 FROM chef AS builder
 COPY --from=planner /app/recipe.json recipe.json
-RUN cargo chef cook --release --locked --recipe-path recipe.json -p orders-service -p billing-service
+RUN cargo chef cook --release --locked --recipe-path recipe.json -p orders-service -p billing-service -p ops-cli
 COPY . .
 # The same build the tests run (scripts/test checks this line is here).
 RUN scripts/build-services
@@ -21,7 +22,8 @@ RUN apt-get update \
     && apt-get install -y --no-install-recommends ca-certificates \
     && rm -rf /var/lib/apt/lists/* \
     && useradd --uid 10001 --no-create-home --shell /usr/sbin/nologin app
-COPY --from=builder /app/target/release/orders-service /app/target/release/billing-service /usr/local/bin/
+COPY --from=builder /app/target/release/orders-service /app/target/release/billing-service \
+    /app/target/release/opsctl /usr/local/bin/
 USER app
 ENV LOG_FORMAT=json
 CMD ["orders-service"]
