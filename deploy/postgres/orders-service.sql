@@ -1,8 +1,8 @@
 -- The role orders-service runs as: no superuser, no schema changes, only the rows it works on.
 --
 -- Run in the orders database as a superuser (or as a role with CREATEROLE that owns the
--- tables), after the migrations were applied by the owner (orders-service started once with the
--- owner's DATABASE_URL and DATABASE_MIGRATE=true). Then set a password:
+-- tables), after the migrations were applied by the owner (orders-service migrate, with the
+-- owner's DATABASE_URL). Then set a password:
 --   ALTER ROLE orders_app PASSWORD '…';
 -- and run orders-service with DATABASE_URL=postgres://orders_app:…@host/orders and
 -- DATABASE_MIGRATE=false. e2e/tests/least_privilege.rs runs the service with exactly these grants.

@@ -79,7 +79,9 @@ impl Client {
     pub(crate) async fn connect(base: &str, token: Option<SecretString>) -> anyhow::Result<Self> {
         let base = base.trim_end_matches('/').to_owned();
         if !base.starts_with("http://") {
-            bail!("--url must be an http:// URL (put TLS in front of the service with a proxy)");
+            bail!(
+                "--url must be an http:// URL: give opsctl the service's own address, not a TLS proxy's"
+            );
         }
         let mut client = Self {
             http: reqwest::Client::new(),

@@ -137,7 +137,8 @@ pub struct Common {
           value_parser = nats_name, help_heading = "NATS")]
     pub subject_prefix: String,
     /// The stream's deduplication window, in milliseconds: a copy of a message inside it is
-    /// dropped by the broker.
+    /// dropped by the broker. orders-service sets it on the stream; give billing-service the
+    /// same value, which its INBOX_RETENTION_MS is checked against.
     #[arg(long = "nats-duplicate-window-ms", env = "NATS_DUPLICATE_WINDOW_MS",
           default_value = "120000", value_parser = millis(), help_heading = "NATS")]
     pub duplicate_window: Duration,
