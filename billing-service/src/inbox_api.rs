@@ -295,32 +295,43 @@ async fn replay_matching(
         ..BulkOutcome::default()
     };
     let mut not_yet = Vec::new();
-    for letter in letters {
-        after = letter.id;
-        match replay(&state, letter.id).await? {
-            Some(Verdict::Ack) => outcome.count += 1,
-            Some(Verdict::Retry(_)) => not_yet.push(letter.id),
-            Some(Verdict::Dead(_)) => outcome.not_applied += 1,
-            None => {} // closed meanwhile
-        }
-    }
-    // An OrderPaid letter older than its OrderPlaced letter applies once the latter has.
-    if outcome.count > 0 {
-        for id in std::mem::take(&mut not_yet) {
-            match replay(&state, id).await? {
+    // Letters applied before a failure stay applied: the audit log records them either way.
+    let done = async {
+        for letter in letters {
+            after = letter.id;
+            match replay(&state, letter.id).await? {
                 Some(Verdict::Ack) => outcome.count += 1,
-                Some(_) => outcome.not_applied += 1,
-                None => {}
+                Some(Verdict::Retry(_)) => not_yet.push(letter.id),
+                Some(Verdict::Dead(_)) => outcome.not_applied += 1,
+                None => {} // closed meanwhile
             }
         }
+        // An OrderPaid letter older than its OrderPlaced letter applies once the latter has.
+        if outcome.count > 0 {
+            for id in std::mem::take(&mut not_yet) {
+                match replay(&state, id).await? {
+                    Some(Verdict::Ack) => outcome.count += 1,
+                    Some(_) => outcome.not_applied += 1,
+                    None => {}
+                }
+            }
+        }
+        Ok::<_, ApiError>(())
     }
+    .await;
     outcome.not_applied += not_yet.len() as u64;
+    let stopped = if done.is_err() {
+        ", stopped by an error"
+    } else {
+        ""
+    };
     let target = format!(
-        "{} up to letter {after} ({} not applied)",
+        "{} up to letter {after} ({} not applied{stopped})",
         described(&filter),
         outcome.not_applied
     );
     audit::record(&state.pool, &admin.name, "replay", &target, outcome.count).await;
+    done?;
     Ok(Json(outcome))
 }
 

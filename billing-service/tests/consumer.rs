@@ -607,6 +607,61 @@ async fn bulk_replay_and_skip_take_the_letters_their_filter_matches() {
     app.stop().await;
 }
 
+/// A bulk replay that fails part-way keeps what it applied before, and says so in the audit
+/// log: the request answers 500, and the letters applied stay closed.
+#[tokio::test]
+async fn a_bulk_replay_stopped_by_an_error_is_audited() {
+    let app = TestApp::spawn_with(|config| config.common.admin_token = Some("s3cret".into())).await;
+    let inbox = jetstream_outbox::Inbox::new(app.pool.clone(), &app.config.consumer.name);
+    for (id, order) in [("m-first", "o-first"), ("m-second", "o-second")] {
+        let subject = format!("{}.OrderPlaced.{order}", app.prefix);
+        let body = placed(order, 100);
+        let mut letter =
+            jetstream_outbox::inbox::NewDeadLetter::new(&subject, &body, "an earlier bug");
+        letter.message_id = Some(id);
+        letter.headers = json!({ headers::ID: [id], headers::TYPE: ["OrderPlaced"] });
+        inbox.dead_letter(letter).await.unwrap();
+    }
+    // Closing the second letter fails, after its effect committed.
+    sqlx::raw_sql(
+        "CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS \
+         $$ BEGIN RAISE EXCEPTION 'injected failure'; END $$; \
+         CREATE TRIGGER refuse BEFORE UPDATE ON inbox_dead FOR EACH ROW \
+         WHEN (NEW.message_id = 'm-second') EXECUTE FUNCTION refuse();",
+    )
+    .execute(&app.pool)
+    .await
+    .unwrap();
+    let response = reqwest::Client::new()
+        .post(format!("{}/inbox/dead/retry", app.running.url))
+        .bearer_auth("s3cret")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 500);
+    let open: Vec<String> =
+        sqlx::query_scalar("SELECT message_id FROM inbox_dead WHERE closed_at IS NULL")
+            .fetch_all(&app.pool)
+            .await
+            .unwrap();
+    assert_eq!(open, ["m-second"]);
+    let audit = app.admin("GET", "/ops/audit").await;
+    let entry = &audit["items"][0];
+    assert_eq!(
+        (entry["action"].as_str(), entry["count"].as_i64()),
+        (Some("replay"), Some(1)),
+        "{audit}"
+    );
+    assert!(
+        entry["target"]
+            .as_str()
+            .unwrap()
+            .contains("stopped by an error"),
+        "{audit}"
+    );
+    app.stop().await;
+}
+
 /// The durable consumer is created at start-up, or updated when it exists: a changed
 /// `CONSUMER_ACK_WAIT_MS` takes effect.
 #[tokio::test]
