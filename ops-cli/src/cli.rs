@@ -7,10 +7,11 @@ use secrecy::SecretString;
 ///
 /// Which service answers at --url is asked of it (its /openapi.json): orders-service's dead
 /// events are retried (published again) or skipped; billing-service's dead letters are
-/// replayed (applied again through the inbox) or skipped. Reading needs a token that reads
-/// (READ_TOKEN, or a reader of OPS_TOKENS_FILE); acting needs one that acts (ADMIN_TOKEN, or an
-/// admin of OPS_TOKENS_FILE), and each action is recorded in the service's audit log under the
-/// token's name (`admin` for ADMIN_TOKEN).
+/// replayed (applied again through the inbox) or skipped. `stats` needs no token; reading the
+/// dead items and the audit log needs any of the service's tokens (READ_TOKEN, ADMIN_TOKEN, one
+/// of OPS_TOKENS_FILE); acting needs one that acts (ADMIN_TOKEN, or an admin of
+/// OPS_TOKENS_FILE), and each action is recorded in the service's audit log under the token's
+/// name (`admin` for ADMIN_TOKEN).
 #[derive(Debug, clap::Parser)]
 #[command(name = "opsctl", version)]
 pub(crate) struct Cli {
