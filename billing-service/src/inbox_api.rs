@@ -308,8 +308,12 @@ async fn replay_matching(
         }
         // An OrderPaid letter older than its OrderPlaced letter applies once the latter has.
         if outcome.count > 0 {
-            for id in std::mem::take(&mut not_yet) {
-                match replay(&state, id).await? {
+            // Taken one by one from the front: those left when an error stops it are counted.
+            not_yet.reverse();
+            while let Some(id) = not_yet.last().copied() {
+                let verdict = replay(&state, id).await?;
+                not_yet.pop();
+                match verdict {
                     Some(Verdict::Ack) => outcome.count += 1,
                     Some(_) => outcome.not_applied += 1,
                     None => {}

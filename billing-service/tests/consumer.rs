@@ -608,26 +608,28 @@ async fn bulk_replay_and_skip_take_the_letters_their_filter_matches() {
 }
 
 /// A bulk replay that fails part-way keeps what it applied before, and says so in the audit
-/// log: the request answers 500, and the letters applied stay closed.
+/// log: the request answers 500, the letters applied stay closed, and the one it stopped at
+/// counts as not applied.
 #[tokio::test]
 async fn a_bulk_replay_stopped_by_an_error_is_audited() {
     let app = TestApp::spawn_with(|config| config.common.admin_token = Some("s3cret".into())).await;
     let inbox = jetstream_outbox::Inbox::new(app.pool.clone(), &app.config.consumer.name);
-    for (id, order) in [("m-first", "o-first"), ("m-second", "o-second")] {
-        let subject = format!("{}.OrderPlaced.{order}", app.prefix);
-        let body = placed(order, 100);
+    // The payment first: it applies at the second pass, once the order is placed.
+    for (id, event_type) in [("m-paid", "OrderPaid"), ("m-placed", "OrderPlaced")] {
+        let subject = format!("{}.{event_type}.o-1", app.prefix);
+        let body = placed("o-1", 100);
         let mut letter =
             jetstream_outbox::inbox::NewDeadLetter::new(&subject, &body, "an earlier bug");
         letter.message_id = Some(id);
-        letter.headers = json!({ headers::ID: [id], headers::TYPE: ["OrderPlaced"] });
+        letter.headers = json!({ headers::ID: [id], headers::TYPE: [event_type] });
         inbox.dead_letter(letter).await.unwrap();
     }
-    // Closing the second letter fails, after its effect committed.
+    // Closing the payment's letter fails, after its effect committed.
     sqlx::raw_sql(
         "CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS \
          $$ BEGIN RAISE EXCEPTION 'injected failure'; END $$; \
          CREATE TRIGGER refuse BEFORE UPDATE ON inbox_dead FOR EACH ROW \
-         WHEN (NEW.message_id = 'm-second') EXECUTE FUNCTION refuse();",
+         WHEN (NEW.message_id = 'm-paid') EXECUTE FUNCTION refuse();",
     )
     .execute(&app.pool)
     .await
@@ -644,7 +646,7 @@ async fn a_bulk_replay_stopped_by_an_error_is_audited() {
             .fetch_all(&app.pool)
             .await
             .unwrap();
-    assert_eq!(open, ["m-second"]);
+    assert_eq!(open, ["m-paid"]);
     let audit = app.admin("GET", "/ops/audit").await;
     let entry = &audit["items"][0];
     assert_eq!(
@@ -656,7 +658,7 @@ async fn a_bulk_replay_stopped_by_an_error_is_audited() {
         entry["target"]
             .as_str()
             .unwrap()
-            .contains("stopped by an error"),
+            .ends_with("(1 not applied, stopped by an error)"),
         "{audit}"
     );
     app.stop().await;

@@ -103,16 +103,16 @@ try {
   if (BULK_ACTION) {
     // A filter value the service refuses puts the accepted filters back in the form, so that
     // a bulk action never covers more than the form shows.
+    const seen = problems.length;
     await page.fill("#filter-since", "yesterday");
     await page.click("#apply-filters");
     await page.waitForSelector("#status.bad >> text=Filter refused");
     if ((await page.inputValue("#filter-since")) !== "") {
       problems.push(`a refused filter stays in the form: ${await page.inputValue("#filter-since")}`);
     }
-    await page.waitForSelector("#dead-summary >> text=1 dead letter(s)");
     // The refusal was expected (Chromium logs the 422 as an error); what came before stays.
-    problems.splice(0, problems.length,
-      ...problems.filter((problem) => !problem.includes("status of 422")));
+    problems.splice(seen, problems.length - seen,
+      ...problems.slice(seen).filter((problem) => !problem.includes("status of 422")));
     if (FILTER_KEY) {
       await page.fill(`#filter-${FILTER_KEY}`, FILTER_VALUE);
       await page.click("#apply-filters");

@@ -165,7 +165,8 @@ impl From<sqlx::Error> for ApiError {
             };
         }
         if let Some(db) = error.as_database_error() {
-            // Text and JSON cannot hold U+0000: only a request's own values carry one.
+            // A character the database cannot store: U+0000 in text or JSON, or one outside
+            // its encoding; a request's own values carry them.
             if db
                 .code()
                 .is_some_and(|code| matches!(&*code, "22021" | "22P05"))
@@ -174,7 +175,7 @@ impl From<sqlx::Error> for ApiError {
                     StatusCode::UNPROCESSABLE_ENTITY,
                     "validation",
                     "a value of the request holds a character the database cannot store \
-                     (U+0000)",
+                     (such as U+0000)",
                 );
             }
             let constraint = db.constraint().unwrap_or("a constraint").to_owned();

@@ -567,7 +567,8 @@ impl Inbox {
     }
 
     /// Closes a dead letter once its replay succeeded; false if it was not open. A skip can
-    /// come between the replay and this: [`Inbox::hold_dead_letter`] keeps it out.
+    /// come between the replay and this: a replay through [`Inbox::hold_dead_letter`], closed
+    /// with [`HeldDeadLetter::close`] instead, keeps it out.
     pub async fn close_dead_letter(&self, id: i64) -> sqlx::Result<bool> {
         let filter = DeadLetterFilter::all();
         Ok(

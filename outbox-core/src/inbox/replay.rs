@@ -10,8 +10,14 @@ use super::{DeadLetter, Inbox, storage};
 ///
 /// The hold is a row lock in a transaction of its own, so the replay's effect runs in another
 /// transaction beside it (through [`Inbox::process`], for example), and the pool needs a second
-/// connection meanwhile. Dropping it without [`HeldDeadLetter::close`] leaves the letter open.
+/// connection meanwhile. Close the letter through [`HeldDeadLetter::close`] only: closing or
+/// skipping it through the [`Inbox`] while holding it waits for the hold, forever.
+///
+/// Dropping it without [`HeldDeadLetter::close`] leaves the letter open, also when the effect
+/// had committed (the close failed, or the replay was cancelled in between): a skip may then
+/// record it as skipped, and a replay finds the message a duplicate and closes it as applied.
 #[derive(Debug)]
+#[must_use = "a held letter stays open unless closed"]
 pub struct HeldDeadLetter {
     tx: Transaction<'static, Postgres>,
     letter: DeadLetter,

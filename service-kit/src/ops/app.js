@@ -257,8 +257,10 @@ async function act(id, action) {
 // Takes `action` on every dead letter the applied filters match, one request after another
 // while the service answers a cursor (a replay handles a bounded number per request).
 async function actOnAll(action) {
-  const described = filters.toString() ? `matching ${filters}` : "of this service";
-  const preview = await previewMatching();
+  // The filters as they are now: the preview, the question and the action all use these.
+  const applied = new URLSearchParams(filters);
+  const described = applied.toString() ? `matching ${applied}` : "of this service";
+  const preview = await previewMatching(applied);
   if (preview === null) return;
   if (preview.count === 0) {
     setStatus(`${action.label} all: no dead letter ${described}`, "muted");
@@ -267,7 +269,7 @@ async function actOnAll(action) {
   const many = preview.more ? `more than ${preview.count}` : String(preview.count);
   const first = preview.first.join(", ");
   if (!window.confirm(`${action.label} ${many} dead letter(s) ${described}?\nFirst: ${first}`)) return;
-  const params = new URLSearchParams(filters);
+  const params = new URLSearchParams(applied);
   let count = 0;
   let notApplied = 0;
   for (;;) {
@@ -294,8 +296,8 @@ async function actOnAll(action) {
 
 // What a bulk action would take: how many dead letters the applied filters match (up to a
 // page) and the first ones, read from the list endpoint before asking to confirm.
-async function previewMatching() {
-  const query = new URLSearchParams(filters);
+async function previewMatching(applied) {
+  const query = new URLSearchParams(applied);
   query.set("limit", "200");
   const response = await fetch(`${config.dead}?${query}`, {
     headers: { authorization: `Bearer ${token}` },
@@ -481,10 +483,12 @@ async function refreshDead() {
   });
   if (version !== filtersVersion) return;
   const table = document.getElementById("dead");
-  if (response.status === 422) {
+  if (response.status === 422 && asked.toString() !== acceptedFilters.toString()) {
     // A bad filter value: back to the filters accepted before, in the form too, so that the
     // list and the bulk buttons never cover more than the form shows.
-    setStatus(`Filter refused: ${await problemDetail(response)}; the previous filters stay`, "bad");
+    const detail = await problemDetail(response);
+    if (version !== filtersVersion) return;
+    setStatus(`Filter refused: ${detail}; the previous filters stay`, "bad");
     setFilters(acceptedFilters);
     refreshDead();
     return;
@@ -501,8 +505,9 @@ async function refreshDead() {
     if (response.status === 401 || response.status === 403) token = "";
     return;
   }
-  acceptedFilters = asked;
   const page = await response.json();
+  if (version !== filtersVersion) return;
+  acceptedFilters = asked;
   refreshGroups();
   document.getElementById("dead-head").replaceChildren(
     ...config.columns.map(({ label }) => el("th", { textContent: label })),
@@ -514,7 +519,7 @@ async function refreshDead() {
       button.addEventListener("click", () => {
         if (action.name === "skip" && !confirmSkip(item)) return;
         button.disabled = true;
-        act(item.id, action);
+        act(String(item.id), action);
       });
       return button;
     });
