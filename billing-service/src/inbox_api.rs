@@ -390,7 +390,7 @@ async fn replay(state: &AppState, id: i64) -> Result<Option<Verdict>, ApiError> 
     let letter = held.letter();
     let verdict = state
         .rules
-        .verdict(&letter.header_map(), &letter.payload)
+        .replay_verdict(&letter.header_map(), &letter.payload)
         .await;
     if verdict == Verdict::Ack {
         held.close().await?;

@@ -58,6 +58,15 @@ impl Applicable {
     }
 }
 
+/// Whether a not-yet outcome counts toward the message's allowed retries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum NotYet {
+    /// The consumer's delivery: it does, up to `CONSUMER_MAX_RETRIES`.
+    Counted,
+    /// An operator's replay: it does not.
+    NotCounted,
+}
+
 impl Rules {
     /// Rules over `inbox`; `max_retries` bounds how often a message may be not applicable yet.
     pub fn new(inbox: Inbox, max_retries: i64) -> Self {
@@ -95,7 +104,17 @@ impl Rules {
     /// Decides what to do with a message and, when it can, applies it through the inbox.
     pub async fn verdict(&self, headers: &HeaderMap, payload: &[u8]) -> Verdict {
         match Self::prepare(headers, payload) {
-            Ok(applicable) => self.apply_one(applicable).await,
+            Ok(applicable) => self.apply_one(applicable, NotYet::Counted).await,
+            Err(verdict) => verdict,
+        }
+    }
+
+    /// [`Rules::verdict`] for a dead letter an operator replays: a message not applicable yet
+    /// stays so however often it is replayed, since the retries the consumer is allowed are
+    /// not the operator's.
+    pub async fn replay_verdict(&self, headers: &HeaderMap, payload: &[u8]) -> Verdict {
+        match Self::prepare(headers, payload) {
+            Ok(applicable) => self.apply_one(applicable, NotYet::NotCounted).await,
             Err(verdict) => verdict,
         }
     }
@@ -122,7 +141,7 @@ impl Rules {
     }
 
     /// Applies one message through the inbox.
-    async fn apply_one(&self, applicable: Applicable) -> Verdict {
+    async fn apply_one(&self, applicable: Applicable, not_yet: NotYet) -> Verdict {
         let Applicable { id, digest, change } = applicable;
         let outcome = self
             .inbox
@@ -136,7 +155,7 @@ impl Rules {
         if matches!(outcome, Ok(Outcome::Processed(()))) {
             crate::failpoints::after_commit();
         }
-        self.judge(&id, outcome)
+        self.judge(&id, outcome, not_yet)
     }
 
     /// Applies a batch's messages (numbered as `spans`) in one inbox transaction (their
@@ -155,7 +174,7 @@ impl Rules {
             if group.len() < 2 {
                 for (i, applicable) in group {
                     let verdict = self
-                        .apply_one(applicable)
+                        .apply_one(applicable, NotYet::Counted)
                         .instrument(spans[i].clone())
                         .await;
                     verdicts.push((i, verdict));
@@ -181,7 +200,8 @@ impl Rules {
                         crate::failpoints::after_commit();
                     }
                     for ((i, applicable), outcome) in group.into_iter().zip(outcomes) {
-                        let verdict = spans[i].in_scope(|| self.judge(&applicable.id, Ok(outcome)));
+                        let verdict = spans[i]
+                            .in_scope(|| self.judge(&applicable.id, Ok(outcome), NotYet::Counted));
                         verdicts.push((i, verdict));
                     }
                 }
@@ -215,7 +235,12 @@ impl Rules {
     }
 
     /// The verdict on message `id` from what the inbox did with it.
-    fn judge(&self, id: &str, outcome: Result<Outcome<()>, InboxError<ApplyError>>) -> Verdict {
+    fn judge(
+        &self,
+        id: &str,
+        outcome: Result<Outcome<()>, InboxError<ApplyError>>,
+        not_yet: NotYet,
+    ) -> Verdict {
         if !matches!(outcome, Err(InboxError::Effect(ApplyError::NotYet(_)))) {
             self.settled(id);
         }
@@ -230,14 +255,15 @@ impl Rules {
             }
             Ok(Outcome::IdReused) => Verdict::Dead(DeadReason::IdReused(id.to_owned())),
             Err(InboxError::Effect(ApplyError::NotYet(reason))) => {
-                let attempts = self.not_yet_again(id);
-                if attempts >= self.max_retries {
-                    self.settled(id);
-                    Verdict::Dead(DeadReason::NotYetTooOften { reason, attempts })
-                } else {
-                    tracing::info!(reason, "not applicable yet; delivered again later");
-                    Verdict::Retry(reason)
+                if not_yet == NotYet::Counted {
+                    let attempts = self.not_yet_again(id);
+                    if attempts >= self.max_retries {
+                        self.settled(id);
+                        return Verdict::Dead(DeadReason::NotYetTooOften { reason, attempts });
+                    }
                 }
+                tracing::info!(reason, "not applicable yet; delivered again later");
+                Verdict::Retry(reason)
             }
             Err(error) => {
                 if let Some(code) = permanent_sqlstate(&error) {

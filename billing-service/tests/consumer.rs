@@ -607,6 +607,35 @@ async fn bulk_replay_and_skip_take_the_letters_their_filter_matches() {
     app.stop().await;
 }
 
+/// An operator's replays of a letter not applicable yet leave it so, however many: the
+/// retries `CONSUMER_MAX_RETRIES` allows are the consumer's, and a letter is never answered
+/// "can never be applied" for having been replayed.
+#[tokio::test]
+async fn replays_never_use_up_the_consumers_retries() {
+    let app = TestApp::spawn_with(|config| {
+        config.consumer.max_retries = 2;
+        config.common.admin_token = Some("s3cret".into());
+    })
+    .await;
+    let inbox = jetstream_outbox::Inbox::new(app.pool.clone(), &app.config.consumer.name);
+    let subject = format!("{}.OrderPaid.o-later", app.prefix);
+    let body = placed("o-later", 100);
+    let mut letter = jetstream_outbox::inbox::NewDeadLetter::new(&subject, &body, "no invoice");
+    letter.message_id = Some("m-paid-later");
+    letter.headers = json!({ headers::ID: ["m-paid-later"], headers::TYPE: ["OrderPaid"] });
+    let id = inbox.dead_letter(letter).await.unwrap();
+    for _ in 0..3 {
+        let response = reqwest::Client::new()
+            .post(format!("{}/inbox/dead/{id}/retry", app.running.url))
+            .bearer_auth("s3cret")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 409, "{}", response.text().await.unwrap());
+    }
+    app.stop().await;
+}
+
 /// A bulk replay that fails part-way keeps what it applied before, and says so in the audit
 /// log: the request answers 500, the letters applied stay closed, and the one it stopped at
 /// counts as not applied.
