@@ -255,12 +255,14 @@ impl Rules {
             }
             Ok(Outcome::IdReused) => Verdict::Dead(DeadReason::IdReused(id.to_owned())),
             Err(InboxError::Effect(ApplyError::NotYet(reason))) => {
-                if not_yet == NotYet::Counted {
-                    let attempts = self.not_yet_again(id);
-                    if attempts >= self.max_retries {
-                        self.settled(id);
-                        return Verdict::Dead(DeadReason::NotYetTooOften { reason, attempts });
-                    }
+                if not_yet == NotYet::NotCounted {
+                    tracing::info!(reason, "not applicable yet; the dead letter stays");
+                    return Verdict::Retry(reason);
+                }
+                let attempts = self.not_yet_again(id);
+                if attempts >= self.max_retries {
+                    self.settled(id);
+                    return Verdict::Dead(DeadReason::NotYetTooOften { reason, attempts });
                 }
                 tracing::info!(reason, "not applicable yet; delivered again later");
                 Verdict::Retry(reason)
