@@ -613,6 +613,7 @@ async fn bulk_replay_and_skip_take_the_letters_their_filter_matches() {
 #[tokio::test]
 async fn replays_never_use_up_the_consumers_retries() {
     let app = TestApp::spawn_with(|config| {
+        // CONSUMER_MAX_RETRIES low, so that the test's three replays go past it.
         config.consumer.max_retries = 2;
         config.common.admin_token = Some("s3cret".into());
     })
