@@ -299,7 +299,7 @@ async fn replay_matching(
     let done = async {
         for letter in letters {
             after = letter.id;
-            match replay(&state, letter.id).await? {
+            match replay(&state, letter.id, None).await? {
                 Some(Verdict::Ack) => outcome.count += 1,
                 Some(Verdict::Retry(_)) => not_yet.push(letter.id),
                 Some(Verdict::Dead(_)) => outcome.not_applied += 1,
@@ -311,7 +311,7 @@ async fn replay_matching(
             // Taken one by one from the front: those left when an error stops it are counted.
             not_yet.reverse();
             while let Some(id) = not_yet.last().copied() {
-                let verdict = replay(&state, id).await?;
+                let verdict = replay(&state, id, None).await?;
                 not_yet.pop();
                 match verdict {
                     Some(Verdict::Ack) => outcome.count += 1,
@@ -334,8 +334,14 @@ async fn replay_matching(
         described(&filter),
         outcome.not_applied
     );
-    audit::record(&state.pool, &admin.name, "replay", &target, outcome.count).await;
+    // The letters' effects and closings committed one by one: this row comes after them.
+    let recorded = audit::record(&state.pool, &admin.name, "replay", &target, outcome.count).await;
+    if let Err(error) = &recorded {
+        tracing::error!(error = %error, target, count = outcome.count,
+            "letters replayed, but the replay is not in the audit log");
+    }
     done?;
+    recorded?;
     Ok(Json(outcome))
 }
 
@@ -360,8 +366,14 @@ async fn skip_matching(
         params.since,
         params.until,
     )?;
-    let count = state.rules.inbox().skip_dead_letters(&filter).await?;
-    audit::record(&state.pool, &admin.name, "skip", &described(&filter), count).await;
+    let mut tx = state.pool.begin().await?;
+    let count = state
+        .rules
+        .inbox()
+        .skip_dead_letters_in(&mut *tx, &filter)
+        .await?;
+    audit::record(&mut *tx, &admin.name, "skip", &described(&filter), count).await?;
+    tx.commit().await?;
     Ok(Json(BulkOutcome::took(count)))
 }
 
@@ -382,9 +394,14 @@ fn described(filter: &DeadLetterFilter) -> String {
 
 /// Applies open dead letter `id` again through the rules, and closes it when that worked;
 /// `None` if it is not open. The letter is held meanwhile, so a skip of it waits and then
-/// finds it applied, rather than recording as skipped a letter this applies.
-async fn replay(state: &AppState, id: i64) -> Result<Option<Verdict>, ApiError> {
-    let Some(held) = state.rules.inbox().hold_dead_letter(id).await? else {
+/// finds it applied, rather than recording as skipped a letter this applies. With an `actor`,
+/// the letter's closing commits with its audit row.
+async fn replay(
+    state: &AppState,
+    id: i64,
+    actor: Option<&str>,
+) -> Result<Option<Verdict>, ApiError> {
+    let Some(mut held) = state.rules.inbox().hold_dead_letter(id).await? else {
         return Ok(None);
     };
     let letter = held.letter();
@@ -393,6 +410,10 @@ async fn replay(state: &AppState, id: i64) -> Result<Option<Verdict>, ApiError> 
         .replay_verdict(&letter.header_map(), &letter.payload)
         .await;
     if verdict == Verdict::Ack {
+        if let Some(actor) = actor {
+            let target = format!("dead letter {id}");
+            audit::record(held.connection(), actor, "replay", &target, 1).await?;
+        }
         held.close().await?;
     }
     Ok(Some(verdict))
@@ -417,12 +438,14 @@ async fn retry(
     State(state): State<AppState>,
     Path(id): Path<i64>,
 ) -> Result<Json<ActionResult>, ApiError> {
-    let verdict = replay(&state, id)
+    let verdict = replay(&state, id, Some(&admin.name))
         .await?
         .ok_or_else(|| ApiError::not_found(format!("no open dead letter {id}")))?;
-    let applied = u64::from(verdict == Verdict::Ack);
-    let target = format!("dead letter {id}");
-    audit::record(&state.pool, &admin.name, "replay", &target, applied).await;
+    if verdict != Verdict::Ack {
+        // Nothing changed: the attempt is recorded on its own.
+        let target = format!("dead letter {id}");
+        audit::record(&state.pool, &admin.name, "replay", &target, 0).await?;
+    }
     match verdict {
         Verdict::Ack => Ok(Json(ActionResult {
             id,
@@ -449,11 +472,18 @@ async fn skip(
     State(state): State<AppState>,
     Path(id): Path<i64>,
 ) -> Result<Json<ActionResult>, ApiError> {
-    if !state.rules.inbox().skip_dead_letter(id).await? {
+    let mut tx = state.pool.begin().await?;
+    if !state
+        .rules
+        .inbox()
+        .skip_dead_letter_in(&mut *tx, id)
+        .await?
+    {
         return Err(ApiError::not_found(format!("no open dead letter {id}")));
     }
     let target = format!("dead letter {id}");
-    audit::record(&state.pool, &admin.name, "skip", &target, 1).await;
+    audit::record(&mut *tx, &admin.name, "skip", &target, 1).await?;
+    tx.commit().await?;
     Ok(Json(ActionResult {
         id,
         outcome: "skipped",

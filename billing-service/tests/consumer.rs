@@ -694,6 +694,72 @@ async fn a_bulk_replay_stopped_by_an_error_is_audited() {
     app.stop().await;
 }
 
+/// A skip and its audit row commit together: when the row cannot be written, the letter stays
+/// open. A replay's effect commits in the consumer's own transaction, before the row: the
+/// letter then stays open, and the next replay finds the message applied and closes it.
+#[tokio::test]
+async fn an_action_the_audit_log_cannot_record_is_not_taken() {
+    let app = TestApp::spawn_with(|config| config.common.admin_token = Some("s3cret".into())).await;
+    let inbox = jetstream_outbox::Inbox::new(app.pool.clone(), &app.config.consumer.name);
+    let subject = format!("{}.OrderPlaced.o-1", app.prefix);
+    let body = placed("o-1", 100);
+    let mut letter = jetstream_outbox::inbox::NewDeadLetter::new(&subject, &body, "an earlier bug");
+    letter.message_id = Some("m-placed");
+    letter.headers = json!({ headers::ID: ["m-placed"], headers::TYPE: ["OrderPlaced"] });
+    let id = inbox.dead_letter(letter).await.unwrap();
+    sqlx::raw_sql(
+        "CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS \
+         $$ BEGIN RAISE EXCEPTION 'audit log unavailable'; END $$; \
+         CREATE TRIGGER refuse BEFORE INSERT ON ops_audit FOR EACH ROW EXECUTE FUNCTION refuse();",
+    )
+    .execute(&app.pool)
+    .await
+    .unwrap();
+    let post = |path: String| {
+        reqwest::Client::new()
+            .post(format!("{}{path}", app.running.url))
+            .bearer_auth("s3cret")
+            .send()
+    };
+    let open = || async {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM inbox_dead WHERE closed_at IS NULL")
+            .fetch_one(&app.pool)
+            .await
+            .unwrap()
+    };
+    for path in [
+        format!("/inbox/dead/{id}/skip"),
+        "/inbox/dead/skip".into(),
+        format!("/inbox/dead/{id}/retry"),
+    ] {
+        assert_eq!(post(path.clone()).await.unwrap().status(), 500, "{path}");
+        assert_eq!(open().await, 1, "{path}");
+    }
+    assert_eq!(app.invoice("o-1").await, Some((100, "open".into())));
+
+    sqlx::raw_sql("DROP TRIGGER refuse ON ops_audit")
+        .execute(&app.pool)
+        .await
+        .unwrap();
+    let replayed = post(format!("/inbox/dead/{id}/retry")).await.unwrap();
+    assert_eq!(replayed.status(), 200);
+    assert_eq!(open().await, 0);
+    let audit = app.admin("GET", "/ops/audit").await;
+    let entries: Vec<(&str, i64)> = audit["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|entry| {
+            (
+                entry["action"].as_str().unwrap(),
+                entry["count"].as_i64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(entries, [("replay", 1)], "{audit}");
+    app.stop().await;
+}
+
 /// The durable consumer is created at start-up, or updated when it exists: a changed
 /// `CONSUMER_ACK_WAIT_MS` takes effect.
 #[tokio::test]

@@ -263,15 +263,10 @@ async fn retry_matching(
     Query(params): Query<DeadFilterParams>,
 ) -> Result<Json<BulkOutcome>, ApiError> {
     let filter = params.filter()?;
-    let count = outbox::retry_dead_matching(&state.pool, &filter).await?;
-    audit::record(
-        &state.pool,
-        &admin.name,
-        "retry",
-        &described(&filter),
-        count,
-    )
-    .await;
+    let mut tx = state.pool.begin().await?;
+    let count = outbox::retry_dead_matching(&mut *tx, &filter).await?;
+    audit::record(&mut *tx, &admin.name, "retry", &described(&filter), count).await?;
+    tx.commit().await?;
     Ok(Json(BulkOutcome::took(count)))
 }
 
@@ -290,8 +285,10 @@ async fn skip_matching(
     Query(params): Query<DeadFilterParams>,
 ) -> Result<Json<BulkOutcome>, ApiError> {
     let filter = params.filter()?;
-    let count = outbox::skip_dead_matching(&state.pool, &filter).await?;
-    audit::record(&state.pool, &admin.name, "skip", &described(&filter), count).await;
+    let mut tx = state.pool.begin().await?;
+    let count = outbox::skip_dead_matching(&mut *tx, &filter).await?;
+    audit::record(&mut *tx, &admin.name, "skip", &described(&filter), count).await?;
+    tx.commit().await?;
     Ok(Json(BulkOutcome::took(count)))
 }
 
@@ -346,10 +343,12 @@ async fn retry(
     State(state): State<AppState>,
     Path(id): Path<Uuid>,
 ) -> Result<Json<ActionResult>, ApiError> {
-    if !outbox::retry_dead(&state.pool, id).await? {
+    let mut tx = state.pool.begin().await?;
+    if !outbox::retry_dead(&mut *tx, id).await? {
         return Err(ApiError::not_found(format!("no dead event {id}")));
     }
-    audit::record(&state.pool, &admin.name, "retry", &format!("event {id}"), 1).await;
+    audit::record(&mut *tx, &admin.name, "retry", &format!("event {id}"), 1).await?;
+    tx.commit().await?;
     Ok(Json(ActionResult {
         id,
         status: "pending",
@@ -371,10 +370,12 @@ async fn skip(
     State(state): State<AppState>,
     Path(id): Path<Uuid>,
 ) -> Result<Json<ActionResult>, ApiError> {
-    if !outbox::skip_dead(&state.pool, id).await? {
+    let mut tx = state.pool.begin().await?;
+    if !outbox::skip_dead(&mut *tx, id).await? {
         return Err(ApiError::not_found(format!("no dead event {id}")));
     }
-    audit::record(&state.pool, &admin.name, "skip", &format!("event {id}"), 1).await;
+    audit::record(&mut *tx, &admin.name, "skip", &format!("event {id}"), 1).await?;
+    tx.commit().await?;
     Ok(Json(ActionResult {
         id,
         status: "skipped",

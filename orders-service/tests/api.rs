@@ -594,6 +594,54 @@ async fn the_read_only_token_reads_and_every_action_is_audited() {
     app.stop().await;
 }
 
+/// An action and its audit row commit together: when the row cannot be written, the action is
+/// not taken either, so the log never misses an action that was.
+#[tokio::test]
+async fn an_action_the_audit_log_cannot_record_is_not_taken() {
+    let (app, ids) = TestApp::with_two_dead_events().await;
+    sqlx::raw_sql(
+        "CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS \
+         $$ BEGIN RAISE EXCEPTION 'audit log unavailable'; END $$; \
+         CREATE TRIGGER refuse BEFORE INSERT ON ops_audit FOR EACH ROW EXECUTE FUNCTION refuse();",
+    )
+    .execute(&app.pool)
+    .await
+    .unwrap();
+    let post = |path: String| {
+        app.client
+            .post(format!("{}{path}", app.running.url))
+            .bearer_auth("s3cret")
+            .send()
+    };
+    for path in [
+        format!("/outbox/dead/{}/retry", ids[0]),
+        format!("/outbox/dead/{}/skip", ids[0]),
+        "/outbox/dead/retry".into(),
+        "/outbox/dead/skip".into(),
+    ] {
+        let refused = problem(post(path.clone()).await.unwrap(), 500, None).await;
+        assert!(
+            !refused["detail"]
+                .as_str()
+                .unwrap()
+                .contains("audit log unavailable"),
+            "{path}: {refused}"
+        );
+        assert_eq!(app.count("outbox WHERE status = 'dead'").await, 2, "{path}");
+    }
+    assert_eq!(app.count("ops_audit").await, 0);
+
+    sqlx::raw_sql("DROP TRIGGER refuse ON ops_audit")
+        .execute(&app.pool)
+        .await
+        .unwrap();
+    let skipped = post(format!("/outbox/dead/{}/skip", ids[0])).await.unwrap();
+    assert_eq!(skipped.status(), StatusCode::OK);
+    assert_eq!(app.count("outbox WHERE status = 'dead'").await, 1);
+    assert_eq!(app.count("ops_audit").await, 1);
+    app.stop().await;
+}
+
 #[tokio::test]
 async fn overload_is_answered_503_at_once_not_queued() {
     let app = TestApp::spawn_with(|config| {

@@ -1,12 +1,14 @@
 //! The audit log of operator actions: each admin action (retry, skip, replay; one item or
 //! every item a filter matches) is recorded with the name of the token that authorised it,
 //! what it did, to what, and how many items it took. `GET /ops/audit` lists it, newest first,
-//! to the admin and the read-only token alike; the `/ops` page shows it.
+//! to the admin and the read-only token alike; the `/ops` page shows it. An action and its
+//! row commit together, except a replay's effect: it commits first, in the consumer's own
+//! transaction, and the letter's closing commits with the row.
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
-use sqlx::PgPool;
 use sqlx::migrate::Migrator;
+use sqlx::{PgExecutor, PgPool};
 use utoipa::ToSchema;
 
 /// The migrations of the audit table, applied by each service beside its own.
@@ -32,24 +34,26 @@ pub struct AuditEntry {
     pub count: i64,
 }
 
-/// Records an action; a failure to record is logged, not returned: the action itself is done.
-pub async fn record(pool: &PgPool, actor: &str, action: &str, target: &str, count: u64) {
-    let recorded = sqlx::query!(
+/// Records an action through `executor`: the transaction that takes the action, so that an
+/// action is never taken without its row, nor recorded without being taken.
+pub async fn record(
+    executor: impl PgExecutor<'_>,
+    actor: &str,
+    action: &str,
+    target: &str,
+    count: u64,
+) -> sqlx::Result<()> {
+    sqlx::query!(
         "INSERT INTO ops_audit (actor, action, target, count) VALUES ($1, $2, $3, $4)",
         actor,
         action,
         target,
         i64::try_from(count).unwrap_or(i64::MAX),
     )
-    .execute(pool)
-    .await;
-    match recorded {
-        Ok(_) => tracing::warn!(actor, action, target, count, "operator action"),
-        Err(error) => tracing::error!(
-            actor, action, target, count, error = %error,
-            "operator action taken, but not recorded in the audit log"
-        ),
-    }
+    .execute(executor)
+    .await?;
+    tracing::warn!(actor, action, target, count, "operator action");
+    Ok(())
 }
 
 /// Up to `limit` entries older than `before` (all when `None`), newest first.

@@ -1,7 +1,7 @@
 //! Replaying a dead letter while it is held, so that a skip of the same letter cannot slip
 //! in between the replay's effect and the letter's closing.
 
-use sqlx::{Postgres, Transaction};
+use sqlx::{PgConnection, Postgres, Transaction};
 
 use super::{DeadLetter, Inbox, storage};
 
@@ -28,6 +28,12 @@ impl HeldDeadLetter {
     /// The letter held.
     pub fn letter(&self) -> &DeadLetter {
         &self.letter
+    }
+
+    /// The hold's transaction: what is written through it (an audit row of the replay)
+    /// commits with [`HeldDeadLetter::close`], and is rolled back when the hold is dropped.
+    pub fn connection(&mut self) -> &mut PgConnection {
+        &mut self.tx
     }
 
     /// Closes the letter as applied, once its replay's effect committed, and ends the hold.

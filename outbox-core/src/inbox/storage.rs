@@ -3,7 +3,7 @@
 use std::borrow::Cow;
 use std::time::Duration;
 
-use sqlx::{PgConnection, PgPool};
+use sqlx::{PgConnection, PgExecutor, PgPool};
 
 use super::{DeadLetter, DeadLetterFilter, InboxStats, NewDeadLetter};
 
@@ -417,7 +417,7 @@ pub(crate) async fn close_held_dead(
 /// Closes the open dead letters matching `id` (when given) and `filter` with `resolution`
 /// (`applied` or `skipped`), and returns how many there were.
 pub(crate) async fn close_dead(
-    pool: &PgPool,
+    executor: impl PgExecutor<'_>,
     consumer: &str,
     id: Option<i64>,
     filter: &DeadLetterFilter,
@@ -444,7 +444,7 @@ pub(crate) async fn close_dead(
         filter.until,
         filter.error_class,
     )
-    .execute(pool)
+    .execute(executor)
     .await?;
     Ok(result.rows_affected())
 }

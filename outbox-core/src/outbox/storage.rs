@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use sqlx::{PgConnection, PgPool};
+use sqlx::{Connection as _, PgConnection, PgExecutor, PgPool};
 use uuid::Uuid;
 
 use super::{DeadEvent, DeadFilter};
@@ -234,7 +234,7 @@ pub(crate) async fn dead_groups(
 /// fresh attempts (retried) or `skipped` (given up, releasing their aggregates); wakes the
 /// relays and returns how many there were.
 pub(crate) async fn resolve_dead(
-    pool: &PgPool,
+    conn: &mut PgConnection,
     id: Option<Uuid>,
     filter: &DeadFilter,
     status: Resolution,
@@ -265,12 +265,13 @@ pub(crate) async fn resolve_dead(
         filter.until,
         filter.error_class,
     )
-    .execute(pool)
+    .execute(&mut *conn)
     .await?
     .rows_affected();
-    // The change is made: a relay that is not woken finds it at its next poll.
+    // The change is made: a relay that is not woken finds it at its next poll. In a savepoint,
+    // so that a failed wake leaves the caller's transaction usable.
     if resolved > 0
-        && let Err(error) = wake(pool).await
+        && let Err(error) = wake_in_savepoint(conn).await
     {
         tracing::warn!(error = ?error, "cannot wake the relays; they find the events at their poll");
     }
@@ -295,12 +296,20 @@ impl Resolution {
     }
 }
 
-/// Notifies [`super::CHANNEL`] outside any transaction: relays claim at once.
-pub(crate) async fn wake(pool: &PgPool) -> sqlx::Result<()> {
+/// Notifies [`super::CHANNEL`]: outside a transaction relays claim at once, inside one when
+/// it commits.
+pub(crate) async fn wake(executor: impl PgExecutor<'_>) -> sqlx::Result<()> {
     sqlx::query_scalar!("SELECT pg_notify('outbox', '')::text")
-        .fetch_one(pool)
+        .fetch_one(executor)
         .await?;
     Ok(())
+}
+
+/// [`wake`] in a savepoint of `conn`'s transaction (in a transaction of its own outside one).
+async fn wake_in_savepoint(conn: &mut PgConnection) -> sqlx::Result<()> {
+    let mut savepoint = conn.begin().await?;
+    wake(&mut *savepoint).await?;
+    savepoint.commit().await
 }
 
 /// Empties the partitions of `outbox_published` whose latest two hours ended `retention` ago
