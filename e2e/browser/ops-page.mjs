@@ -6,16 +6,19 @@
 // EXPECT_DETAIL, and confirmed a skip); then, with BULK_ACTION set, filters the
 // list (FILTER_KEY=FILTER_VALUE), takes that action on every match with one click, is shown how
 // many and which first before confirming, and sees the list empty; before that, a filter value
-// the service refuses leaves the filters applied before in the form and the list. The Rust
+// the service refuses leaves the filters applied before in the form and the list; with
+// WIDER_GROUP set, "Show" on the group of items with no type says why the list may show more
+// than the group (WIDER_GROUP, the reason's start). The Rust
 // test that starts this checks the effects (published, skipped) in the database and on the stream.
 //
 //   OPS_URL=http://127.0.0.1:8080 ADMIN_TOKEN=… READ_TOKEN=… DEAD_ID=… ACTION=retry EXPECT_DETAIL=… \
-//     [BULK_ACTION=retry FILTER_KEY=errorContains FILTER_VALUE=size] [SCREENSHOT=x.png] \
+//     [BULK_ACTION=retry FILTER_KEY=errorContains FILTER_VALUE=size] [WIDER_GROUP=…] \
+//     [SCREENSHOT=x.png] \
 //     node ops-page.mjs
 import { launch, waitForTile } from "./browser.mjs";
 
 const { OPS_URL, ADMIN_TOKEN, READ_TOKEN, DEAD_ID, ACTION, SCREENSHOT, EXPECT_DETAIL } = process.env;
-const { BULK_ACTION, FILTER_KEY, FILTER_VALUE, EXPECT_BROKER } = process.env;
+const { BULK_ACTION, FILTER_KEY, FILTER_VALUE, EXPECT_BROKER, WIDER_GROUP } = process.env;
 const TIMEOUT = 20_000;
 
 const browser = await launch();
@@ -80,6 +83,9 @@ try {
   }
   await group.locator("button").click();
   await page.waitForSelector("#dead-summary >> text=2 dead letter(s)");
+  if ((await page.textContent("#status")).includes("more than this group")) {
+    problems.push(`a group the filters name exactly: ${await page.textContent("#status")}`);
+  }
   // Its details show what it carried, and stay open across the page's refreshes.
   await row.locator("button.details").click();
   const detail = page.locator(`tr[data-detail-of="${DEAD_ID}"] pre`);
@@ -128,6 +134,12 @@ try {
     await page.waitForSelector("#status.good >> text=all: 1 done");
     await page.waitForSelector("#dead-summary >> text=No dead letters match the filters.");
     await page.waitForSelector(`#audit-rows >> text=${FILTER_VALUE}`);
+  }
+  if (WIDER_GROUP) {
+    // A group of items with no type: the filters cannot name it, and "Show" says so.
+    const wide = page.locator("#groups-rows tr", { has: page.locator("td:nth-child(2)", { hasText: /^–$/ }) });
+    await wide.locator("button").click();
+    await page.waitForSelector(`#status >> text=more than this group: ${WIDER_GROUP}`);
   }
   if (SCREENSHOT) await page.screenshot({ path: SCREENSHOT, fullPage: true });
 } catch (error) {

@@ -363,7 +363,8 @@ const TOKEN = /^[A-Za-z0-9_:@-]{1,128}$/;
 const FILTER_TEXT_MAX = 500;
 
 // Dead items grouped by type and error class (by error text where there is no class); "Show"
-// puts a group's values in the filters (a type only when the filter takes it).
+// puts a group's values in the filters (a type only when the filter takes it), and says when
+// the filters cannot name the group exactly, so that a bulk action is not taken on more.
 async function refreshGroups() {
   const box = document.getElementById("groups-box");
   const response = await fetch(`${config.dead}/groups`, {
@@ -389,6 +390,8 @@ async function refreshGroups() {
         document.getElementById("filter-errorContains").value = group.error.slice(0, FILTER_TEXT_MAX);
       }
       document.getElementById("filter-form").requestSubmit();
+      const wider = widerThanGroup(group, keys);
+      if (wider.length > 0) setStatus(`The list may show more than this group: ${wider.join("; ")}.`);
     });
     return el("tr", {}, [
       el("td", { textContent: group.count.toLocaleString() }),
@@ -405,6 +408,24 @@ async function refreshGroups() {
   });
   document.getElementById("groups-rows").replaceChildren(...rows);
   box.hidden = groups.length === 0;
+}
+
+// Why the filters "Show" sets for `group` may match more than the group.
+function widerThanGroup(group, keys) {
+  const wider = [];
+  if (keys.has("eventType") && !group.eventType) {
+    wider.push("the filters cannot ask for no type");
+  } else if (keys.has("eventType") && !TOKEN.test(group.eventType)) {
+    wider.push("its type is not one the type filter takes");
+  }
+  if (!(group.errorClass && keys.has("errorClass"))) {
+    if (!group.error) {
+      wider.push("it has no error text to filter by");
+    } else if (group.error.length > FILTER_TEXT_MAX) {
+      wider.push(`the error filter takes its first ${FILTER_TEXT_MAX} characters`);
+    }
+  }
+  return wider;
 }
 
 // Rows whose details are open, kept across the refreshes, and what was read of each: the
