@@ -391,7 +391,9 @@ async function refreshGroups() {
       }
       document.getElementById("filter-form").requestSubmit();
       const wider = widerThanGroup(group, keys);
-      if (wider.length > 0) setStatus(`The list may show more than this group: ${wider.join("; ")}.`);
+      if (wider.length > 0) {
+        setStatus(`The list may show more than this group: ${wider.join("; ")}.`, "warn");
+      }
     });
     return el("tr", {}, [
       el("td", { textContent: group.count.toLocaleString() }),
@@ -423,6 +425,8 @@ function widerThanGroup(group, keys) {
       wider.push("it has no error text to filter by");
     } else if (group.error.length > FILTER_TEXT_MAX) {
       wider.push(`the error filter takes its first ${FILTER_TEXT_MAX} characters`);
+    } else {
+      wider.push("the error filter also takes errors that contain its error");
     }
   }
   return wider;
