@@ -295,7 +295,8 @@ async fn replay_matching(
         ..BulkOutcome::default()
     };
     let mut not_yet = Vec::new();
-    // Letters applied before a failure stay applied: the audit log records them either way.
+    // Letters applied before a failure stay applied, each closed on its own: the audit row
+    // that counts them comes after them, also when an error stops the replay.
     let done = async {
         for letter in letters {
             after = letter.id;
@@ -370,7 +371,7 @@ async fn skip_matching(
     let count = state
         .rules
         .inbox()
-        .skip_dead_letters_in(&mut *tx, &filter)
+        .skip_dead_letters_in(&mut tx, &filter)
         .await?;
     audit::record(&mut *tx, &admin.name, "skip", &described(&filter), count).await?;
     tx.commit().await?;
@@ -395,7 +396,8 @@ fn described(filter: &DeadLetterFilter) -> String {
 /// Applies open dead letter `id` again through the rules, and closes it when that worked;
 /// `None` if it is not open. The letter is held meanwhile, so a skip of it waits and then
 /// finds it applied, rather than recording as skipped a letter this applies. With an `actor`,
-/// the letter's closing commits with its audit row.
+/// the replay's audit row is written in the hold's transaction before the effect runs (so
+/// that a row that cannot be written stops it), and commits with the letter's closing.
 async fn replay(
     state: &AppState,
     id: i64,
@@ -404,18 +406,19 @@ async fn replay(
     let Some(mut held) = state.rules.inbox().hold_dead_letter(id).await? else {
         return Ok(None);
     };
+    if let Some(actor) = actor {
+        let target = format!("dead letter {id}");
+        audit::record(held.connection(), actor, "replay", &target, 1).await?;
+    }
     let letter = held.letter();
     let verdict = state
         .rules
         .replay_verdict(&letter.header_map(), &letter.payload)
         .await;
     if verdict == Verdict::Ack {
-        if let Some(actor) = actor {
-            let target = format!("dead letter {id}");
-            audit::record(held.connection(), actor, "replay", &target, 1).await?;
-        }
         held.close().await?;
     }
+    // Otherwise the hold is dropped: the letter stays open and the row is rolled back.
     Ok(Some(verdict))
 }
 
@@ -442,9 +445,12 @@ async fn retry(
         .await?
         .ok_or_else(|| ApiError::not_found(format!("no open dead letter {id}")))?;
     if verdict != Verdict::Ack {
-        // Nothing changed: the attempt is recorded on its own.
+        // Nothing changed: the attempt is recorded on its own, and its verdict answered even
+        // when the row cannot be written.
         let target = format!("dead letter {id}");
-        audit::record(&state.pool, &admin.name, "replay", &target, 0).await?;
+        if let Err(error) = audit::record(&state.pool, &admin.name, "replay", &target, 0).await {
+            tracing::error!(error = %error, target, "a replay that applied nothing is not in the audit log");
+        }
     }
     match verdict {
         Verdict::Ack => Ok(Json(ActionResult {
@@ -473,12 +479,7 @@ async fn skip(
     Path(id): Path<i64>,
 ) -> Result<Json<ActionResult>, ApiError> {
     let mut tx = state.pool.begin().await?;
-    if !state
-        .rules
-        .inbox()
-        .skip_dead_letter_in(&mut *tx, id)
-        .await?
-    {
+    if !state.rules.inbox().skip_dead_letter_in(&mut tx, id).await? {
         return Err(ApiError::not_found(format!("no open dead letter {id}")));
     }
     let target = format!("dead letter {id}");

@@ -694,11 +694,10 @@ async fn a_bulk_replay_stopped_by_an_error_is_audited() {
     app.stop().await;
 }
 
-/// A skip and its audit row commit together: when the row cannot be written, the letter stays
-/// open. A replay's effect commits in the consumer's own transaction, before the row: the
-/// letter then stays open, and the next replay finds the message applied and closes it.
+/// A skip and its audit row commit together, and a replay writes its row before its effect:
+/// when the row cannot be written, the letter stays open and nothing is applied.
 #[tokio::test]
-async fn an_action_the_audit_log_cannot_record_is_not_taken() {
+async fn a_letter_is_not_skipped_or_replayed_without_its_audit_row() {
     let app = TestApp::spawn_with(|config| config.common.admin_token = Some("s3cret".into())).await;
     let inbox = jetstream_outbox::Inbox::new(app.pool.clone(), &app.config.consumer.name);
     let subject = format!("{}.OrderPlaced.o-1", app.prefix);
@@ -735,7 +734,7 @@ async fn an_action_the_audit_log_cannot_record_is_not_taken() {
         assert_eq!(post(path.clone()).await.unwrap().status(), 500, "{path}");
         assert_eq!(open().await, 1, "{path}");
     }
-    assert_eq!(app.invoice("o-1").await, Some((100, "open".into())));
+    assert_eq!(app.invoice("o-1").await, None);
 
     sqlx::raw_sql("DROP TRIGGER refuse ON ops_audit")
         .execute(&app.pool)
@@ -744,6 +743,7 @@ async fn an_action_the_audit_log_cannot_record_is_not_taken() {
     let replayed = post(format!("/inbox/dead/{id}/retry")).await.unwrap();
     assert_eq!(replayed.status(), 200);
     assert_eq!(open().await, 0);
+    assert_eq!(app.invoice("o-1").await, Some((100, "open".into())));
     let audit = app.admin("GET", "/ops/audit").await;
     let entries: Vec<(&str, i64)> = audit["items"]
         .as_array()

@@ -264,7 +264,7 @@ async fn retry_matching(
 ) -> Result<Json<BulkOutcome>, ApiError> {
     let filter = params.filter()?;
     let mut tx = state.pool.begin().await?;
-    let count = outbox::retry_dead_matching(&mut *tx, &filter).await?;
+    let count = outbox::retry_dead_matching_in(&mut tx, &filter).await?;
     audit::record(&mut *tx, &admin.name, "retry", &described(&filter), count).await?;
     tx.commit().await?;
     Ok(Json(BulkOutcome::took(count)))
@@ -286,7 +286,7 @@ async fn skip_matching(
 ) -> Result<Json<BulkOutcome>, ApiError> {
     let filter = params.filter()?;
     let mut tx = state.pool.begin().await?;
-    let count = outbox::skip_dead_matching(&mut *tx, &filter).await?;
+    let count = outbox::skip_dead_matching_in(&mut tx, &filter).await?;
     audit::record(&mut *tx, &admin.name, "skip", &described(&filter), count).await?;
     tx.commit().await?;
     Ok(Json(BulkOutcome::took(count)))
@@ -344,7 +344,7 @@ async fn retry(
     Path(id): Path<Uuid>,
 ) -> Result<Json<ActionResult>, ApiError> {
     let mut tx = state.pool.begin().await?;
-    if !outbox::retry_dead(&mut *tx, id).await? {
+    if !outbox::retry_dead_in(&mut tx, id).await? {
         return Err(ApiError::not_found(format!("no dead event {id}")));
     }
     audit::record(&mut *tx, &admin.name, "retry", &format!("event {id}"), 1).await?;
@@ -371,7 +371,7 @@ async fn skip(
     Path(id): Path<Uuid>,
 ) -> Result<Json<ActionResult>, ApiError> {
     let mut tx = state.pool.begin().await?;
-    if !outbox::skip_dead(&mut *tx, id).await? {
+    if !outbox::skip_dead_in(&mut tx, id).await? {
         return Err(ApiError::not_found(format!("no dead event {id}")));
     }
     audit::record(&mut *tx, &admin.name, "skip", &format!("event {id}"), 1).await?;

@@ -566,6 +566,54 @@ async fn commit_wakes_the_relay_long_before_the_poll_interval(pool: PgPool) {
     stream.delete().await;
 }
 
+/// A retry in the caller's transaction is undone with it, leaves the transaction usable, and
+/// once committed wakes the relay though it polls every ten minutes.
+#[sqlx::test(migrations = false)]
+async fn a_retry_in_the_callers_transaction_commits_with_it_and_wakes_the_relay(pool: PgPool) {
+    migrate(&pool).await;
+    let stream = TestStream::new().await;
+    enqueue(&pool, "o1", "OrderPlaced", json!({})).await;
+    let id: uuid::Uuid =
+        sqlx::query_scalar("UPDATE outbox SET status = 'dead', attempts = 10 RETURNING id")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    let mut config = stream.relay_config();
+    config.poll_interval = Duration::from_secs(600);
+    let stop = tokio_util::sync::CancellationToken::new();
+    let running =
+        tokio::spawn(Relay::new(pool.clone(), stream.publisher(), config).run(stop.clone()));
+    eventually("the relay to listen", Duration::from_secs(10), || async {
+        let listening: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'LISTEN%' AND datname = current_database()",
+        )
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        (listening > 0).then_some(())
+    })
+    .await;
+
+    let mut tx = pool.begin().await.unwrap();
+    assert!(outbox::retry_dead_in(&mut tx, id).await.unwrap());
+    sqlx::query("SELECT 1").execute(&mut *tx).await.unwrap();
+    tx.rollback().await.unwrap();
+    assert_eq!(outbox::stats(&pool).await.unwrap().dead, 1);
+
+    let mut tx = pool.begin().await.unwrap();
+    assert!(outbox::retry_dead_in(&mut tx, id).await.unwrap());
+    tx.commit().await.unwrap();
+    eventually(
+        "the event on the stream",
+        Duration::from_secs(10),
+        || async { (stream.contents().await.len() == 1).then_some(()) },
+    )
+    .await;
+    stop.cancel();
+    running.await.unwrap();
+    stream.delete().await;
+}
+
 /// Enqueues an `OrderPlaced` of `aggregate` and commits through `wakeup`.
 async fn enqueue_and_commit(pool: &PgPool, wakeup: &Wakeup, aggregate: &str) {
     let mut tx = pool.begin().await.unwrap();

@@ -1,9 +1,9 @@
 //! The audit log of operator actions: each admin action (retry, skip, replay; one item or
 //! every item a filter matches) is recorded with the name of the token that authorised it,
 //! what it did, to what, and how many items it took. `GET /ops/audit` lists it, newest first,
-//! to the admin and the read-only token alike; the `/ops` page shows it. An action and its
-//! row commit together, except a replay's effect: it commits first, in the consumer's own
-//! transaction, and the letter's closing commits with the row.
+//! to the admin and the read-only token alike; the `/ops` page shows it. A retry or a skip
+//! commits with its row; a replay's effect commits in the consumer's own transaction, before
+//! the letter's closing and its row (a bulk replay's row comes after all its letters).
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
@@ -34,8 +34,8 @@ pub struct AuditEntry {
     pub count: i64,
 }
 
-/// Records an action through `executor`: the transaction that takes the action, so that an
-/// action is never taken without its row, nor recorded without being taken.
+/// Records an action through `executor`: where it can be, the transaction that takes the
+/// action, so that the action is never taken without its row, nor recorded without being taken.
 pub async fn record(
     executor: impl PgExecutor<'_>,
     actor: &str,

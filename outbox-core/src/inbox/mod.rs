@@ -29,7 +29,7 @@ use chrono::{DateTime, Utc};
 use futures::future::BoxFuture;
 use serde::Serialize;
 use sha2::{Digest as _, Sha256};
-use sqlx::{PgConnection, PgExecutor, PgPool};
+use sqlx::{PgConnection, PgPool};
 
 pub use consume::{ConsumeConfig, ConsumeError, consume};
 pub use message::{Body, message_id};
@@ -580,36 +580,37 @@ impl Inbox {
     /// Gives up on a dead letter without applying it: it stays recorded as skipped; false if
     /// it was not open.
     pub async fn skip_dead_letter(&self, id: i64) -> sqlx::Result<bool> {
-        self.skip_dead_letter_in(&self.pool, id).await
+        self.skip_dead_letter_in(&mut *self.pool.acquire().await?, id)
+            .await
     }
 
-    /// [`Inbox::skip_dead_letter`] through `executor`: a pool, a connection or the caller's
-    /// transaction (`&mut *tx`), where the skip commits with whatever else it writes (an audit
-    /// row).
+    /// [`Inbox::skip_dead_letter`] on `conn`, the caller's transaction (`&mut *tx`) for
+    /// example: the skip commits with whatever else it writes (an audit row).
     pub async fn skip_dead_letter_in(
         &self,
-        executor: impl PgExecutor<'_>,
+        conn: &mut PgConnection,
         id: i64,
     ) -> sqlx::Result<bool> {
         let filter = DeadLetterFilter::all();
         let closed =
-            storage::close_dead(executor, &self.consumer, Some(id), &filter, "skipped").await?;
+            storage::close_dead(conn, &self.consumer, Some(id), &filter, "skipped").await?;
         Ok(closed == 1)
     }
 
     /// [`Inbox::skip_dead_letter`] for every open dead letter matching `filter`, in one
     /// statement; returns how many there were. Safe to repeat, and beside a running consumer.
     pub async fn skip_dead_letters(&self, filter: &DeadLetterFilter) -> sqlx::Result<u64> {
-        self.skip_dead_letters_in(&self.pool, filter).await
+        self.skip_dead_letters_in(&mut *self.pool.acquire().await?, filter)
+            .await
     }
 
-    /// [`Inbox::skip_dead_letters`] through `executor`, as [`Inbox::skip_dead_letter_in`].
+    /// [`Inbox::skip_dead_letters`] on `conn`, as [`Inbox::skip_dead_letter_in`].
     pub async fn skip_dead_letters_in(
         &self,
-        executor: impl PgExecutor<'_>,
+        conn: &mut PgConnection,
         filter: &DeadLetterFilter,
     ) -> sqlx::Result<u64> {
-        storage::close_dead(executor, &self.consumer, None, filter, "skipped").await
+        storage::close_dead(conn, &self.consumer, None, filter, "skipped").await
     }
 
     /// Reads the current [`InboxStats`].

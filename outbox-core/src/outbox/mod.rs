@@ -8,9 +8,8 @@ use storage::Resolution;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use futures::future::BoxFuture;
 use serde::Serialize;
-use sqlx::{Acquire, PgPool, Postgres, Transaction};
+use sqlx::{PgConnection, PgPool, Postgres, Transaction};
 use uuid::Uuid;
 
 use crate::NewEvent;
@@ -271,63 +270,57 @@ pub async fn dead_event(pool: &PgPool, id: Uuid) -> sqlx::Result<Option<DeadEven
 
 /// Makes a dead event pending again (attempts reset): it is published, then the events it
 /// held back follow. Returns false when `id` is not a dead event.
-///
-/// `conn` is a pool (`&pool`), a connection or the caller's transaction (`&mut *tx`): in a
-/// transaction the change commits with whatever else it writes (an audit row), and the relays
-/// are woken then. The future is boxed so that it is `Send` whichever `conn` is given.
-pub fn retry_dead<'c>(
-    conn: impl Acquire<'c, Database = Postgres> + Send + 'c,
-    id: Uuid,
-) -> BoxFuture<'c, sqlx::Result<bool>> {
-    Box::pin(async move {
-        let mut conn = conn.acquire().await?;
-        let resolved =
-            storage::resolve_dead(&mut conn, Some(id), &DeadFilter::all(), Resolution::Retry)
-                .await?;
-        Ok(resolved == 1)
-    })
+pub async fn retry_dead(pool: &PgPool, id: Uuid) -> sqlx::Result<bool> {
+    retry_dead_in(&mut *pool.acquire().await?, id).await
+}
+
+/// [`retry_dead`] on `conn`, the caller's transaction (`&mut *tx`) for example: the change
+/// commits with whatever else it writes (an audit row), and the relays are woken then.
+pub async fn retry_dead_in(conn: &mut PgConnection, id: Uuid) -> sqlx::Result<bool> {
+    let all = DeadFilter::all();
+    Ok(storage::resolve_dead(conn, Some(id), &all, Resolution::Retry).await? == 1)
 }
 
 /// Gives up on a dead event: it stays recorded as `skipped` and the events it held back
-/// follow. Returns false when `id` is not a dead event. `conn` as for [`retry_dead`].
-pub fn skip_dead<'c>(
-    conn: impl Acquire<'c, Database = Postgres> + Send + 'c,
-    id: Uuid,
-) -> BoxFuture<'c, sqlx::Result<bool>> {
-    Box::pin(async move {
-        let mut conn = conn.acquire().await?;
-        let resolved =
-            storage::resolve_dead(&mut conn, Some(id), &DeadFilter::all(), Resolution::Skip)
-                .await?;
-        Ok(resolved == 1)
-    })
+/// follow. Returns false when `id` is not a dead event.
+pub async fn skip_dead(pool: &PgPool, id: Uuid) -> sqlx::Result<bool> {
+    skip_dead_in(&mut *pool.acquire().await?, id).await
+}
+
+/// [`skip_dead`] on `conn`, as [`retry_dead_in`].
+pub async fn skip_dead_in(conn: &mut PgConnection, id: Uuid) -> sqlx::Result<bool> {
+    let all = DeadFilter::all();
+    Ok(storage::resolve_dead(conn, Some(id), &all, Resolution::Skip).await? == 1)
 }
 
 /// [`retry_dead`] for every dead event matching `filter`, in one statement; returns how many
 /// there were. Repeating it is harmless (the events are no longer dead), and so is running it
 /// while relays run: they never touch dead rows, and a row that dies meanwhile is either
-/// retried or left dead, never half of each. `conn` as for [`retry_dead`].
-pub fn retry_dead_matching<'c>(
-    conn: impl Acquire<'c, Database = Postgres> + Send + 'c,
-    filter: &'c DeadFilter,
-) -> BoxFuture<'c, sqlx::Result<u64>> {
-    Box::pin(async move {
-        let mut conn = conn.acquire().await?;
-        storage::resolve_dead(&mut conn, None, filter, Resolution::Retry).await
-    })
+/// retried or left dead, never half of each.
+pub async fn retry_dead_matching(pool: &PgPool, filter: &DeadFilter) -> sqlx::Result<u64> {
+    retry_dead_matching_in(&mut *pool.acquire().await?, filter).await
+}
+
+/// [`retry_dead_matching`] on `conn`, as [`retry_dead_in`].
+pub async fn retry_dead_matching_in(
+    conn: &mut PgConnection,
+    filter: &DeadFilter,
+) -> sqlx::Result<u64> {
+    storage::resolve_dead(conn, None, filter, Resolution::Retry).await
 }
 
 /// [`skip_dead`] for every dead event matching `filter`, in one statement; returns how many
-/// there were. Safe to repeat and to run beside relays, as [`retry_dead_matching`]. `conn` as
-/// for [`retry_dead`].
-pub fn skip_dead_matching<'c>(
-    conn: impl Acquire<'c, Database = Postgres> + Send + 'c,
-    filter: &'c DeadFilter,
-) -> BoxFuture<'c, sqlx::Result<u64>> {
-    Box::pin(async move {
-        let mut conn = conn.acquire().await?;
-        storage::resolve_dead(&mut conn, None, filter, Resolution::Skip).await
-    })
+/// there were. Safe to repeat and to run beside relays, as [`retry_dead_matching`].
+pub async fn skip_dead_matching(pool: &PgPool, filter: &DeadFilter) -> sqlx::Result<u64> {
+    skip_dead_matching_in(&mut *pool.acquire().await?, filter).await
+}
+
+/// [`skip_dead_matching`] on `conn`, as [`retry_dead_in`].
+pub async fn skip_dead_matching_in(
+    conn: &mut PgConnection,
+    filter: &DeadFilter,
+) -> sqlx::Result<u64> {
+    storage::resolve_dead(conn, None, filter, Resolution::Skip).await
 }
 
 /// The longest retention [`cleanup`] keeps published events for: the ring of

@@ -269,7 +269,8 @@ pub(crate) async fn resolve_dead(
     .await?
     .rows_affected();
     // The change is made: a relay that is not woken finds it at its next poll. In a savepoint,
-    // so that a failed wake leaves the caller's transaction usable.
+    // so that a wake refused at once leaves the caller's transaction usable; in a transaction
+    // the notification is sent when it commits.
     if resolved > 0
         && let Err(error) = wake_in_savepoint(conn).await
     {
