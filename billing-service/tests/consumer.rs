@@ -591,7 +591,15 @@ async fn bulk_replay_and_skip_take_the_letters_their_filter_matches() {
     assert_eq!(open, [other]);
     // Every request that acted is in the audit log, newest first, with what it took.
     let audit = app.admin("GET", "/ops/audit").await;
-    let entries: Vec<(&str, i64)> = audit["items"]
+    let entries = actions(&audit);
+    assert_eq!(entries[..2], [("skip", 0), ("skip", 1)], "{audit}");
+    assert!(entries.contains(&("replay", 1)), "{audit}");
+    app.stop().await;
+}
+
+/// The audit log's entries as (action, count), newest first.
+fn actions(audit: &Value) -> Vec<(&str, i64)> {
+    audit["items"]
         .as_array()
         .unwrap()
         .iter()
@@ -601,10 +609,7 @@ async fn bulk_replay_and_skip_take_the_letters_their_filter_matches() {
                 entry["count"].as_i64().unwrap(),
             )
         })
-        .collect();
-    assert_eq!(entries[..2], [("skip", 0), ("skip", 1)], "{audit}");
-    assert!(entries.contains(&("replay", 1)), "{audit}");
-    app.stop().await;
+        .collect()
 }
 
 /// An operator's replays of a letter not applicable yet leave it so, however many: the
@@ -745,17 +750,7 @@ async fn a_letter_is_not_skipped_or_replayed_without_its_audit_row() {
     assert_eq!(open().await, 0);
     assert_eq!(app.invoice("o-1").await, Some((100, "open".into())));
     let audit = app.admin("GET", "/ops/audit").await;
-    let entries: Vec<(&str, i64)> = audit["items"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|entry| {
-            (
-                entry["action"].as_str().unwrap(),
-                entry["count"].as_i64().unwrap(),
-            )
-        })
-        .collect();
+    let entries = actions(&audit);
     assert_eq!(entries, [("replay", 1)], "{audit}");
     app.stop().await;
 }

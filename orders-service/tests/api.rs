@@ -95,6 +95,19 @@ impl TestApp {
         (app, ids)
     }
 
+    /// Makes every insert into `table` fail with `message` (trigger `refuse`).
+    async fn refuse_inserts(&self, table: &str, message: &str) {
+        let sql = format!(
+            "CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS \
+             $$ BEGIN RAISE EXCEPTION '{message}'; END $$; \
+             CREATE TRIGGER refuse BEFORE INSERT ON {table} FOR EACH ROW EXECUTE FUNCTION refuse();"
+        );
+        sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+            .execute(&self.pool)
+            .await
+            .unwrap();
+    }
+
     async fn stop(self) {
         self.running.stop().await;
         testing::drop_database(&self.database).await;
@@ -122,14 +135,8 @@ async fn problem(response: reqwest::Response, status: u16, field: Option<&str>) 
 async fn failure_before_commit_leaves_neither_order_nor_event() {
     let app = TestApp::spawn().await;
     // The outbox insert fails after the order row was written in the same transaction.
-    sqlx::raw_sql(
-        "CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS \
-         $$ BEGIN RAISE EXCEPTION 'injected failure: secret detail'; END $$; \
-         CREATE TRIGGER refuse BEFORE INSERT ON outbox FOR EACH ROW EXECUTE FUNCTION refuse();",
-    )
-    .execute(&app.pool)
-    .await
-    .unwrap();
+    app.refuse_inserts("outbox", "injected failure: secret detail")
+        .await;
 
     let order = NewOrder {
         id: Some("o1".into()),
@@ -599,14 +606,8 @@ async fn the_read_only_token_reads_and_every_action_is_audited() {
 #[tokio::test]
 async fn an_action_the_audit_log_cannot_record_is_not_taken() {
     let (app, ids) = TestApp::with_two_dead_events().await;
-    sqlx::raw_sql(
-        "CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS \
-         $$ BEGIN RAISE EXCEPTION 'audit log unavailable'; END $$; \
-         CREATE TRIGGER refuse BEFORE INSERT ON ops_audit FOR EACH ROW EXECUTE FUNCTION refuse();",
-    )
-    .execute(&app.pool)
-    .await
-    .unwrap();
+    app.refuse_inserts("ops_audit", "audit log unavailable")
+        .await;
     let post = |path: String| {
         app.client
             .post(format!("{}{path}", app.running.url))

@@ -539,16 +539,7 @@ async fn commit_wakes_the_relay_long_before_the_poll_interval(pool: PgPool) {
     let elsewhere = Wakeup::across_processes(pool.clone());
 
     // Let the relay finish its first (empty) pass, so only a wake-up can wake it.
-    eventually("the relay to listen", Duration::from_secs(10), || async {
-        let listening: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'LISTEN%' AND datname = current_database()",
-        )
-        .fetch_one(&pool)
-        .await
-        .unwrap();
-        (listening > 0).then_some(())
-    })
-    .await;
+    relay_listening(&pool).await;
     for (i, wakeup) in [&here, &elsewhere, &here, &elsewhere]
         .into_iter()
         .enumerate()
@@ -583,16 +574,7 @@ async fn a_retry_in_the_callers_transaction_commits_with_it_and_wakes_the_relay(
     let stop = tokio_util::sync::CancellationToken::new();
     let running =
         tokio::spawn(Relay::new(pool.clone(), stream.publisher(), config).run(stop.clone()));
-    eventually("the relay to listen", Duration::from_secs(10), || async {
-        let listening: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'LISTEN%' AND datname = current_database()",
-        )
-        .fetch_one(&pool)
-        .await
-        .unwrap();
-        (listening > 0).then_some(())
-    })
-    .await;
+    relay_listening(&pool).await;
 
     let mut tx = pool.begin().await.unwrap();
     assert!(outbox::retry_dead_in(&mut tx, id).await.unwrap());
@@ -612,6 +594,20 @@ async fn a_retry_in_the_callers_transaction_commits_with_it_and_wakes_the_relay(
     stop.cancel();
     running.await.unwrap();
     stream.delete().await;
+}
+
+/// Waits until a relay of this database listens for wake-ups.
+async fn relay_listening(pool: &PgPool) {
+    eventually("the relay to listen", Duration::from_secs(10), || async {
+        let listening: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'LISTEN%' AND datname = current_database()",
+        )
+        .fetch_one(pool)
+        .await
+        .unwrap();
+        (listening > 0).then_some(())
+    })
+    .await;
 }
 
 /// Enqueues an `OrderPlaced` of `aggregate` and commits through `wakeup`.
