@@ -269,6 +269,8 @@ async fn dead_letter(
         body = BulkOutcome),
     (status = 422, description = "Bad limit, cursor or filter", body = Problem,
         content_type = "application/problem+json"),
+    (status = 503, description = "The database failed; the letters applied before stay so",
+        body = Problem, content_type = "application/problem+json"),
     AdminRefusals,
 ))]
 async fn replay_matching(
@@ -304,6 +306,10 @@ async fn replay_matching(
                 Some(Verdict::Ack) => outcome.count += 1,
                 Some(Verdict::Retry(_)) => not_yet.push(letter.id),
                 Some(Verdict::Dead(_)) => outcome.not_applied += 1,
+                Some(Verdict::Failed) => {
+                    outcome.not_applied += 1;
+                    return Err(database_unavailable());
+                }
                 None => {} // closed meanwhile
             }
         }
@@ -316,6 +322,10 @@ async fn replay_matching(
                 not_yet.pop();
                 match verdict {
                     Some(Verdict::Ack) => outcome.count += 1,
+                    Some(Verdict::Failed) => {
+                        outcome.not_applied += 1;
+                        return Err(database_unavailable());
+                    }
                     Some(_) => outcome.not_applied += 1,
                     None => {}
                 }
@@ -434,6 +444,8 @@ async fn replay(
         content_type = "application/problem+json"),
     (status = 422, description = "The message can never be applied", body = Problem,
         content_type = "application/problem+json"),
+    (status = 503, description = "The database failed; the dead letter stays", body = Problem,
+        content_type = "application/problem+json"),
     AdminRefusals,
 ))]
 async fn retry(
@@ -461,7 +473,16 @@ async fn retry(
             "still not applicable: {reason}"
         ))),
         Verdict::Dead(reason) => Err(ApiError::validation("message", reason.to_string())),
+        Verdict::Failed => Err(database_unavailable()),
     }
+}
+
+/// A replay stopped by a transient failure of the database (logged where it happened).
+fn database_unavailable() -> ApiError {
+    ApiError::unavailable(
+        "the database failed (the service's log says how), so the letter stays open: try \
+         again; a message it had applied is then found a duplicate and its letter closed",
+    )
 }
 
 /// Gives up on a dead letter without applying it; it stays recorded as skipped (admin).

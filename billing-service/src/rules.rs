@@ -20,8 +20,11 @@ use crate::reason::DeadReason;
 pub enum Verdict {
     /// Applied now or before: acknowledge.
     Ack,
-    /// Not applicable yet, or a transient failure: deliver again later.
+    /// Not applicable yet: deliver again later.
     Retry(String),
+    /// A transient failure (the database unreachable, its pool exhausted; logged): deliver
+    /// again later.
+    Failed,
     /// Can never be applied as it is: keep as a dead letter.
     Dead(DeadReason),
 }
@@ -275,7 +278,7 @@ impl Rules {
                     });
                 }
                 tracing::warn!(error = ?error, "transient failure; delivered again later");
-                Verdict::Retry("a transient failure; see the logs".into())
+                Verdict::Failed
             }
         }
     }

@@ -597,6 +597,45 @@ async fn bulk_replay_and_skip_take_the_letters_their_filter_matches() {
     app.stop().await;
 }
 
+/// A replay the database fails answers 503 and leaves the letter open, rather than 409
+/// "still not applicable", which would send the operator looking for a missing order.
+#[tokio::test]
+async fn a_replay_the_database_fails_answers_503_and_the_letter_stays() {
+    let app = TestApp::spawn_with(|config| {
+        config.common.admin_token = Some("s3cret".into());
+        // A pool of one: the replay's hold takes it, and its effect waits for another in vain.
+        config.common.database_max_connections = 1;
+    })
+    .await;
+    let inbox = jetstream_outbox::Inbox::new(app.pool.clone(), &app.config.consumer.name);
+    let subject = format!("{}.OrderPlaced.o-1", app.prefix);
+    let body = placed("o-1", 100);
+    let mut letter = jetstream_outbox::inbox::NewDeadLetter::new(&subject, &body, "an earlier bug");
+    letter.message_id = Some("m-placed");
+    letter.headers = json!({ headers::ID: ["m-placed"], headers::TYPE: ["OrderPlaced"] });
+    let id = inbox.dead_letter(letter).await.unwrap();
+
+    let response = reqwest::Client::new()
+        .post(format!("{}/inbox/dead/{id}/retry", app.running.url))
+        .bearer_auth("s3cret")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 503);
+    let problem: Value = response.json().await.unwrap();
+    assert!(
+        problem["detail"].as_str().unwrap().contains("stays open"),
+        "{problem}"
+    );
+    assert_eq!(app.invoice("o-1").await, None);
+    let open: i64 = sqlx::query_scalar("SELECT count(*) FROM inbox_dead WHERE closed_at IS NULL")
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
+    assert_eq!(open, 1);
+    app.stop().await;
+}
+
 /// The audit log's entries as (action, count), newest first.
 fn actions(audit: &Value) -> Vec<(&str, i64)> {
     audit["items"]
