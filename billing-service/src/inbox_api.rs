@@ -346,7 +346,9 @@ async fn replay_matching(
         outcome.not_applied
     );
     // The letters' effects and closings committed one by one: this row comes after them.
-    let recorded = audit::record(&state.pool, &admin.name, "replay", &target, outcome.count).await;
+    let recorded = audit::record(&state.pool, &admin.name, "replay", &target, outcome.count)
+        .await
+        .map(audit::Recorded::committed);
     if let Err(error) = &recorded {
         tracing::error!(error = %error, target, count = outcome.count,
             "letters replayed, but the replay is not in the audit log");
@@ -383,8 +385,9 @@ async fn skip_matching(
         .inbox()
         .skip_dead_letters_in(&mut tx, &filter)
         .await?;
-    audit::record(&mut *tx, &admin.name, "skip", &described(&filter), count).await?;
+    let recorded = audit::record(&mut *tx, &admin.name, "skip", &described(&filter), count).await?;
     tx.commit().await?;
+    recorded.committed();
     Ok(Json(BulkOutcome::took(count)))
 }
 
@@ -416,10 +419,13 @@ async fn replay(
     let Some(mut held) = state.rules.inbox().hold_dead_letter(id).await? else {
         return Ok(None);
     };
-    if let Some(actor) = actor {
-        let target = format!("dead letter {id}");
-        audit::record(held.connection(), actor, "replay", &target, 1).await?;
-    }
+    let recorded = match actor {
+        Some(actor) => {
+            let target = format!("dead letter {id}");
+            Some(audit::record(held.connection(), actor, "replay", &target, 1).await?)
+        }
+        None => None,
+    };
     let letter = held.letter();
     let verdict = state
         .rules
@@ -427,6 +433,9 @@ async fn replay(
         .await;
     if verdict == Verdict::Ack {
         held.close().await?;
+        if let Some(recorded) = recorded {
+            recorded.committed();
+        }
     }
     // Otherwise the hold is dropped: the letter stays open and the row is rolled back.
     Ok(Some(verdict))
@@ -460,7 +469,8 @@ async fn retry(
         // Nothing changed: the attempt is recorded on its own, and its verdict answered even
         // when the row cannot be written.
         let target = format!("dead letter {id}");
-        if let Err(error) = audit::record(&state.pool, &admin.name, "replay", &target, 0).await {
+        let recorded = audit::record(&state.pool, &admin.name, "replay", &target, 0).await;
+        if let Err(error) = recorded.map(audit::Recorded::committed) {
             tracing::error!(error = %error, target, "a replay that applied nothing is not in the audit log");
         }
     }
@@ -504,8 +514,9 @@ async fn skip(
         return Err(ApiError::not_found(format!("no open dead letter {id}")));
     }
     let target = format!("dead letter {id}");
-    audit::record(&mut *tx, &admin.name, "skip", &target, 1).await?;
+    let recorded = audit::record(&mut *tx, &admin.name, "skip", &target, 1).await?;
     tx.commit().await?;
+    recorded.committed();
     Ok(Json(ActionResult {
         id,
         outcome: "skipped",

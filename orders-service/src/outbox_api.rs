@@ -265,8 +265,10 @@ async fn retry_matching(
     let filter = params.filter()?;
     let mut tx = state.pool.begin().await?;
     let count = outbox::retry_dead_matching_in(&mut tx, &filter).await?;
-    audit::record(&mut *tx, &admin.name, "retry", &described(&filter), count).await?;
+    let recorded =
+        audit::record(&mut *tx, &admin.name, "retry", &described(&filter), count).await?;
     tx.commit().await?;
+    recorded.committed();
     Ok(Json(BulkOutcome::took(count)))
 }
 
@@ -287,8 +289,9 @@ async fn skip_matching(
     let filter = params.filter()?;
     let mut tx = state.pool.begin().await?;
     let count = outbox::skip_dead_matching_in(&mut tx, &filter).await?;
-    audit::record(&mut *tx, &admin.name, "skip", &described(&filter), count).await?;
+    let recorded = audit::record(&mut *tx, &admin.name, "skip", &described(&filter), count).await?;
     tx.commit().await?;
+    recorded.committed();
     Ok(Json(BulkOutcome::took(count)))
 }
 
@@ -347,8 +350,9 @@ async fn retry(
     if !outbox::retry_dead_in(&mut tx, id).await? {
         return Err(ApiError::not_found(format!("no dead event {id}")));
     }
-    audit::record(&mut *tx, &admin.name, "retry", &format!("event {id}"), 1).await?;
+    let recorded = audit::record(&mut *tx, &admin.name, "retry", &format!("event {id}"), 1).await?;
     tx.commit().await?;
+    recorded.committed();
     Ok(Json(ActionResult {
         id,
         status: "pending",
@@ -374,8 +378,9 @@ async fn skip(
     if !outbox::skip_dead_in(&mut tx, id).await? {
         return Err(ApiError::not_found(format!("no dead event {id}")));
     }
-    audit::record(&mut *tx, &admin.name, "skip", &format!("event {id}"), 1).await?;
+    let recorded = audit::record(&mut *tx, &admin.name, "skip", &format!("event {id}"), 1).await?;
     tx.commit().await?;
+    recorded.committed();
     Ok(Json(ActionResult {
         id,
         status: "skipped",

@@ -34,6 +34,29 @@ pub struct AuditEntry {
     pub count: i64,
 }
 
+/// An action whose row is written, to log once its transaction committed.
+#[derive(Debug)]
+#[must_use = "log it with `committed` once its transaction committed"]
+pub struct Recorded {
+    actor: String,
+    action: String,
+    target: String,
+    count: u64,
+}
+
+impl Recorded {
+    /// Logs the action, now that its row and the action itself are committed.
+    pub fn committed(self) {
+        let Self {
+            actor,
+            action,
+            target,
+            count,
+        } = self;
+        tracing::warn!(actor, action, target, count, "operator action");
+    }
+}
+
 /// Records an action through `executor`: where it can be, the transaction that takes the
 /// action, so that the action is never taken without its row, nor recorded without being taken.
 pub async fn record(
@@ -42,7 +65,7 @@ pub async fn record(
     action: &str,
     target: &str,
     count: u64,
-) -> sqlx::Result<()> {
+) -> sqlx::Result<Recorded> {
     sqlx::query!(
         "INSERT INTO ops_audit (actor, action, target, count) VALUES ($1, $2, $3, $4)",
         actor,
@@ -52,8 +75,12 @@ pub async fn record(
     )
     .execute(executor)
     .await?;
-    tracing::warn!(actor, action, target, count, "operator action");
-    Ok(())
+    Ok(Recorded {
+        actor: actor.to_owned(),
+        action: action.to_owned(),
+        target: target.to_owned(),
+        count,
+    })
 }
 
 /// Up to `limit` entries older than `before` (all when `None`), newest first.
