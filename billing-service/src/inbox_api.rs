@@ -269,8 +269,6 @@ async fn dead_letter(
         body = BulkOutcome),
     (status = 422, description = "Bad limit, cursor or filter", body = Problem,
         content_type = "application/problem+json"),
-    (status = 503, description = "The database failed; the letters applied before stay so",
-        body = Problem, content_type = "application/problem+json"),
     AdminRefusals,
 ))]
 async fn replay_matching(
@@ -306,9 +304,9 @@ async fn replay_matching(
                 Some(Verdict::Ack) => outcome.count += 1,
                 Some(Verdict::Retry(_)) => not_yet.push(letter.id),
                 Some(Verdict::Dead(_)) => outcome.not_applied += 1,
-                Some(Verdict::Failed) => {
+                Some(Verdict::Failed { reached }) => {
                     outcome.not_applied += 1;
-                    return Err(database_unavailable());
+                    return Err(database_failed(letter.id, reached));
                 }
                 None => {} // closed meanwhile
             }
@@ -322,9 +320,9 @@ async fn replay_matching(
                 not_yet.pop();
                 match verdict {
                     Some(Verdict::Ack) => outcome.count += 1,
-                    Some(Verdict::Failed) => {
+                    Some(Verdict::Failed { reached }) => {
                         outcome.not_applied += 1;
-                        return Err(database_unavailable());
+                        return Err(database_failed(id, reached));
                     }
                     Some(_) => outcome.not_applied += 1,
                     None => {}
@@ -453,8 +451,6 @@ async fn replay(
         content_type = "application/problem+json"),
     (status = 422, description = "The message can never be applied", body = Problem,
         content_type = "application/problem+json"),
-    (status = 503, description = "The database failed; the dead letter stays", body = Problem,
-        content_type = "application/problem+json"),
     AdminRefusals,
 ))]
 async fn retry(
@@ -465,9 +461,10 @@ async fn retry(
     let verdict = replay(&state, id, Some(&admin.name))
         .await?
         .ok_or_else(|| ApiError::not_found(format!("no open dead letter {id}")))?;
-    if verdict != Verdict::Ack {
+    if matches!(verdict, Verdict::Retry(_) | Verdict::Dead(_)) {
         // Nothing changed: the attempt is recorded on its own, and its verdict answered even
-        // when the row cannot be written.
+        // when the row cannot be written. (After a failure of the database, only the log
+        // tells: another connection may not be had either.)
         let target = format!("dead letter {id}");
         let recorded = audit::record(&state.pool, &admin.name, "replay", &target, 0).await;
         if let Err(error) = recorded.map(audit::Recorded::committed) {
@@ -483,16 +480,25 @@ async fn retry(
             "still not applicable: {reason}"
         ))),
         Verdict::Dead(reason) => Err(ApiError::validation("message", reason.to_string())),
-        Verdict::Failed => Err(database_unavailable()),
+        Verdict::Failed { reached } => Err(database_failed(id, reached)),
     }
 }
 
-/// A replay stopped by a transient failure of the database (logged where it happened).
-fn database_unavailable() -> ApiError {
-    ApiError::unavailable(
-        "the database failed (the service's log says how), so the letter stays open: try \
-         again; a message it had applied is then found a duplicate and its letter closed",
-    )
+/// A replay of letter `id` stopped by a failure of the database (logged where it happened):
+/// a 503 when no connection could be had, so that nothing was applied; else a 500, as for
+/// any connection lost mid-request, since the effect may have been committed (a replay
+/// again then finds the message a duplicate and closes its letter).
+fn database_failed(id: i64, reached: bool) -> ApiError {
+    if reached {
+        ApiError::internal(anyhow::anyhow!(
+            "the replay of dead letter {id} failed in the database"
+        ))
+    } else {
+        ApiError::unavailable(
+            "no database connection could be had in time, so nothing was applied and the \
+             letter stays open: try again",
+        )
+    }
 }
 
 /// Gives up on a dead letter without applying it; it stays recorded as skipped (admin).

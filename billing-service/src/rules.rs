@@ -22,9 +22,12 @@ pub enum Verdict {
     Ack,
     /// Not applicable yet: deliver again later.
     Retry(String),
-    /// A transient failure (the database unreachable, its pool exhausted; logged): deliver
-    /// again later.
-    Failed,
+    /// A transient failure of the database (logged): deliver again later. `reached` when
+    /// it came after a connection was had, so that the effect may have been committed.
+    Failed {
+        /// Whether what was sent may have reached the database (and been committed).
+        reached: bool,
+    },
     /// Can never be applied as it is: keep as a dead letter.
     Dead(DeadReason),
 }
@@ -277,8 +280,19 @@ impl Rules {
                         error: error.to_string(),
                     });
                 }
-                tracing::warn!(error = ?error, "transient failure; delivered again later");
-                Verdict::Failed
+                let reached = match &error {
+                    InboxError::Database(database)
+                    | InboxError::Effect(ApplyError::Database(database)) => {
+                        !service_kit::problem::no_connection(database)
+                    }
+                    _ => true,
+                };
+                if not_yet == NotYet::NotCounted {
+                    tracing::warn!(error = ?error, "the database failed; the dead letter stays");
+                } else {
+                    tracing::warn!(error = ?error, "transient failure; delivered again later");
+                }
+                Verdict::Failed { reached }
             }
         }
     }

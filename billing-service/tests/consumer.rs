@@ -150,6 +150,33 @@ impl TestApp {
             .unwrap()
     }
 
+    /// Keeps `event_type` message `id` of `order` (total 100) as a dead letter by hand, as
+    /// an earlier version's bug would have; returns the letter's id.
+    async fn dead_letter(&self, id: &str, event_type: &str, order: &str) -> i64 {
+        let inbox = jetstream_outbox::Inbox::new(self.pool.clone(), &self.config.consumer.name);
+        let subject = format!("{}.{event_type}.{order}", self.prefix);
+        let body = placed(order, 100);
+        let mut letter =
+            jetstream_outbox::inbox::NewDeadLetter::new(&subject, &body, "an earlier bug");
+        letter.message_id = Some(id);
+        letter.headers = json!({ headers::ID: [id], headers::TYPE: [event_type] });
+        inbox.dead_letter(letter).await.unwrap()
+    }
+
+    /// Makes the statements `when` names fail with `message` (trigger `refuse`), as
+    /// `BEFORE INSERT ON ops_audit FOR EACH ROW`.
+    async fn refuse(&self, when: &str, message: &str) {
+        let sql = format!(
+            "CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS \
+             $$ BEGIN RAISE EXCEPTION '{message}'; END $$; \
+             CREATE TRIGGER refuse {when} EXECUTE FUNCTION refuse();"
+        );
+        sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+            .execute(&self.pool)
+            .await
+            .unwrap();
+    }
+
     async fn stats(&self) -> Value {
         reqwest::get(format!("{}/inbox/stats", self.running.url))
             .await
@@ -170,6 +197,24 @@ impl TestApp {
             .unwrap();
         assert_eq!(response.status(), 200, "{path_and_query}");
         response.json().await.unwrap()
+    }
+
+    /// The answer to a POST with the admin token `s3cret`, whatever its status.
+    async fn admin_post(&self, path_and_query: &str) -> reqwest::Response {
+        reqwest::Client::new()
+            .post(format!("{}{path_and_query}", self.running.url))
+            .bearer_auth("s3cret")
+            .send()
+            .await
+            .unwrap()
+    }
+
+    /// How many dead letters are open.
+    async fn open_letters(&self) -> i64 {
+        sqlx::query_scalar("SELECT count(*) FROM inbox_dead WHERE closed_at IS NULL")
+            .fetch_one(&self.pool)
+            .await
+            .unwrap()
     }
 
     async fn stop(self) {
@@ -607,20 +652,9 @@ async fn a_replay_the_database_fails_answers_503_and_the_letter_stays() {
         config.common.database_max_connections = 1;
     })
     .await;
-    let inbox = jetstream_outbox::Inbox::new(app.pool.clone(), &app.config.consumer.name);
-    let subject = format!("{}.OrderPlaced.o-1", app.prefix);
-    let body = placed("o-1", 100);
-    let mut letter = jetstream_outbox::inbox::NewDeadLetter::new(&subject, &body, "an earlier bug");
-    letter.message_id = Some("m-placed");
-    letter.headers = json!({ headers::ID: ["m-placed"], headers::TYPE: ["OrderPlaced"] });
-    let id = inbox.dead_letter(letter).await.unwrap();
+    let id = app.dead_letter("m-placed", "OrderPlaced", "o-1").await;
 
-    let response = reqwest::Client::new()
-        .post(format!("{}/inbox/dead/{id}/retry", app.running.url))
-        .bearer_auth("s3cret")
-        .send()
-        .await
-        .unwrap();
+    let response = app.admin_post(&format!("/inbox/dead/{id}/retry")).await;
     assert_eq!(response.status(), 503);
     let problem: Value = response.json().await.unwrap();
     assert!(
@@ -628,11 +662,7 @@ async fn a_replay_the_database_fails_answers_503_and_the_letter_stays() {
         "{problem}"
     );
     assert_eq!(app.invoice("o-1").await, None);
-    let open: i64 = sqlx::query_scalar("SELECT count(*) FROM inbox_dead WHERE closed_at IS NULL")
-        .fetch_one(&app.pool)
-        .await
-        .unwrap();
-    assert_eq!(open, 1);
+    assert_eq!(app.open_letters().await, 1);
     app.stop().await;
 }
 
@@ -687,33 +717,17 @@ async fn replays_never_use_up_the_consumers_retries() {
 #[tokio::test]
 async fn a_bulk_replay_stopped_by_an_error_is_audited() {
     let app = TestApp::spawn_with(|config| config.common.admin_token = Some("s3cret".into())).await;
-    let inbox = jetstream_outbox::Inbox::new(app.pool.clone(), &app.config.consumer.name);
     // The payment first: it applies at the second pass, once the order is placed.
     for (id, event_type) in [("m-paid", "OrderPaid"), ("m-placed", "OrderPlaced")] {
-        let subject = format!("{}.{event_type}.o-1", app.prefix);
-        let body = placed("o-1", 100);
-        let mut letter =
-            jetstream_outbox::inbox::NewDeadLetter::new(&subject, &body, "an earlier bug");
-        letter.message_id = Some(id);
-        letter.headers = json!({ headers::ID: [id], headers::TYPE: [event_type] });
-        inbox.dead_letter(letter).await.unwrap();
+        app.dead_letter(id, event_type, "o-1").await;
     }
     // Closing the payment's letter fails, after its effect committed.
-    sqlx::raw_sql(
-        "CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS \
-         $$ BEGIN RAISE EXCEPTION 'injected failure'; END $$; \
-         CREATE TRIGGER refuse BEFORE UPDATE ON inbox_dead FOR EACH ROW \
-         WHEN (NEW.message_id = 'm-paid') EXECUTE FUNCTION refuse();",
+    app.refuse(
+        "BEFORE UPDATE ON inbox_dead FOR EACH ROW WHEN (NEW.message_id = 'm-paid')",
+        "injected failure",
     )
-    .execute(&app.pool)
-    .await
-    .unwrap();
-    let response = reqwest::Client::new()
-        .post(format!("{}/inbox/dead/retry", app.running.url))
-        .bearer_auth("s3cret")
-        .send()
-        .await
-        .unwrap();
+    .await;
+    let response = app.admin_post("/inbox/dead/retry").await;
     assert_eq!(response.status(), 500);
     let open: Vec<String> =
         sqlx::query_scalar("SELECT message_id FROM inbox_dead WHERE closed_at IS NULL")
@@ -743,40 +757,19 @@ async fn a_bulk_replay_stopped_by_an_error_is_audited() {
 #[tokio::test]
 async fn a_letter_is_not_skipped_or_replayed_without_its_audit_row() {
     let app = TestApp::spawn_with(|config| config.common.admin_token = Some("s3cret".into())).await;
-    let inbox = jetstream_outbox::Inbox::new(app.pool.clone(), &app.config.consumer.name);
-    let subject = format!("{}.OrderPlaced.o-1", app.prefix);
-    let body = placed("o-1", 100);
-    let mut letter = jetstream_outbox::inbox::NewDeadLetter::new(&subject, &body, "an earlier bug");
-    letter.message_id = Some("m-placed");
-    letter.headers = json!({ headers::ID: ["m-placed"], headers::TYPE: ["OrderPlaced"] });
-    let id = inbox.dead_letter(letter).await.unwrap();
-    sqlx::raw_sql(
-        "CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS \
-         $$ BEGIN RAISE EXCEPTION 'audit log unavailable'; END $$; \
-         CREATE TRIGGER refuse BEFORE INSERT ON ops_audit FOR EACH ROW EXECUTE FUNCTION refuse();",
+    let id = app.dead_letter("m-placed", "OrderPlaced", "o-1").await;
+    app.refuse(
+        "BEFORE INSERT ON ops_audit FOR EACH ROW",
+        "audit log unavailable",
     )
-    .execute(&app.pool)
-    .await
-    .unwrap();
-    let post = |path: String| {
-        reqwest::Client::new()
-            .post(format!("{}{path}", app.running.url))
-            .bearer_auth("s3cret")
-            .send()
-    };
-    let open = || async {
-        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM inbox_dead WHERE closed_at IS NULL")
-            .fetch_one(&app.pool)
-            .await
-            .unwrap()
-    };
+    .await;
     for path in [
         format!("/inbox/dead/{id}/skip"),
         "/inbox/dead/skip".into(),
         format!("/inbox/dead/{id}/retry"),
     ] {
-        assert_eq!(post(path.clone()).await.unwrap().status(), 500, "{path}");
-        assert_eq!(open().await, 1, "{path}");
+        assert_eq!(app.admin_post(&path).await.status(), 500, "{path}");
+        assert_eq!(app.open_letters().await, 1, "{path}");
     }
     assert_eq!(app.invoice("o-1").await, None);
 
@@ -784,9 +777,9 @@ async fn a_letter_is_not_skipped_or_replayed_without_its_audit_row() {
         .execute(&app.pool)
         .await
         .unwrap();
-    let replayed = post(format!("/inbox/dead/{id}/retry")).await.unwrap();
+    let replayed = app.admin_post(&format!("/inbox/dead/{id}/retry")).await;
     assert_eq!(replayed.status(), 200);
-    assert_eq!(open().await, 0);
+    assert_eq!(app.open_letters().await, 0);
     assert_eq!(app.invoice("o-1").await, Some((100, "open".into())));
     let audit = app.admin("GET", "/ops/audit").await;
     let entries = actions(&audit);

@@ -576,7 +576,20 @@ async fn a_retry_in_the_callers_transaction_commits_with_it_and_wakes_the_relay(
         tokio::spawn(Relay::new(pool.clone(), stream.publisher(), config).run(stop.clone()));
     relay_listening(&pool).await;
 
+    // In this transaction the wake fails (a pg_notify of its own, found first), and the
+    // transaction goes on.
+    sqlx::raw_sql(
+        "CREATE FUNCTION public.pg_notify(text, text) RETURNS void LANGUAGE plpgsql AS \
+         $$ BEGIN RAISE EXCEPTION 'no wake'; END $$",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
     let mut tx = pool.begin().await.unwrap();
+    sqlx::query("SET LOCAL search_path = public, pg_catalog")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
     assert!(outbox::retry_dead_in(&mut tx, id).await.unwrap());
     sqlx::query("SELECT 1").execute(&mut *tx).await.unwrap();
     tx.rollback().await.unwrap();

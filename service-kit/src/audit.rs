@@ -20,7 +20,8 @@ pub fn migrations() -> Migrator {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct AuditEntry {
-    /// Its number, increasing.
+    /// Its number, increasing in the order rows were written (a replay's before its effect
+    /// commits), not always in the order they were committed.
     pub id: i64,
     /// When it was taken.
     pub at: DateTime<Utc>,

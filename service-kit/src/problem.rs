@@ -201,7 +201,7 @@ impl From<sqlx::Error> for ApiError {
 /// connection, a server starting up and one out of connections until its acquire timeout. A
 /// connection lost mid-request is not among them: what it had sent may have been committed,
 /// so it stays a 500.
-fn no_connection(error: &sqlx::Error) -> bool {
+pub fn no_connection(error: &sqlx::Error) -> bool {
     match error {
         sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed => true,
         // Refusals of a connection being established: too many, starting up, or rejected.

@@ -224,7 +224,7 @@ impl Consumer {
             Ok(false) => Verdict::Dead(DeadReason::TooOld(reason)),
             Err(error) => {
                 tracing::warn!(error = ?error, "cannot look the message up; delivered again later");
-                Verdict::Failed
+                Verdict::Failed { reached: true }
             }
         }
     }
@@ -247,7 +247,9 @@ impl Consumer {
                 }
                 AckKind::Ack
             }
-            Verdict::Retry(_) | Verdict::Failed => AckKind::Nak(Some(self.config.retry_delay)),
+            Verdict::Retry(_) | Verdict::Failed { .. } => {
+                AckKind::Nak(Some(self.config.retry_delay))
+            }
             Verdict::Dead(reason) => {
                 let (class, reason) = (reason.class(), reason.to_string());
                 let letter = NewDeadLetter::of_message(&message, &reason).with_error_class(class);

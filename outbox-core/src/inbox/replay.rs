@@ -32,6 +32,8 @@ impl HeldDeadLetter {
 
     /// The hold's transaction: what is written through it (an audit row of the replay)
     /// commits with [`HeldDeadLetter::close`], and is rolled back when the hold is dropped.
+    /// Write nothing through it that the replay's effect locks too: the effect runs on
+    /// another connection while this transaction is open, and would wait for it forever.
     pub fn connection(&mut self) -> &mut PgConnection {
         &mut self.tx
     }

@@ -278,7 +278,9 @@ async function actOnAll(action) {
       headers: { authorization: `Bearer ${token}` },
     });
     if (!response.ok) {
-      setStatus(`${action.label} all: refused (${response.status}): ${await problemDetail(response)}`, "bad");
+      // Earlier requests may have done some: say how many.
+      const done = count ? `stopped after ${count} done` : "refused";
+      setStatus(`${action.label} all: ${done} (${response.status}): ${await problemDetail(response)}`, "bad");
       break;
     }
     const outcome = await response.json();
