@@ -32,6 +32,9 @@ impl TestApp {
         let mut config = Config::from_env().unwrap();
         testing::point_at(&mut config.common, &database, &stream);
         let prefix = config.common.subject_prefix.clone();
+        // Redeliveries 50 ms apart (the default is a second), so that a message waiting for
+        // another comes back within a test; as many retries as make that a minute, so that none
+        // is dead-lettered for waiting while a test runs, except where a test lowers them.
         config.consumer.retry_delay = Duration::from_millis(50);
         config.consumer.max_retries = 1000;
         adjust(&mut config);
@@ -396,6 +399,9 @@ async fn the_consumers_lag_counts_what_waits() {
 async fn one_orders_messages_apply_in_their_order_while_transactions_run_side_by_side() {
     const ORDERS: usize = 200;
     let app = TestApp::spawn_with(|config| {
+        // Small batches, four at a time, so that one order's two messages often land in
+        // transactions running side by side; one not-yet outcome dead-letters, so that a
+        // payment applied before its placement shows as a dead letter, not a retry.
         config.consumer.apply_batch = 4;
         config.consumer.concurrency = 4;
         config.consumer.max_retries = 1;
@@ -473,6 +479,8 @@ async fn redelivered_message_changes_nothing() {
 #[tokio::test]
 async fn dead_letter_replay_after_the_cause_is_fixed_applies_once() {
     let app = TestApp::spawn_with(|config| {
+        // Two not-yet outcomes make the payment a dead letter at once, rather than after
+        // the hundred of the default.
         config.consumer.max_retries = 2;
         config.common.admin_token = Some("s3cret".into());
     })
@@ -546,6 +554,7 @@ async fn dead_letter_replay_after_the_cause_is_fixed_applies_once() {
 #[tokio::test]
 async fn bulk_replay_and_skip_take_the_letters_their_filter_matches() {
     let app = TestApp::spawn_with(|config| {
+        // Two not-yet outcomes make the payments dead letters at once.
         config.consumer.max_retries = 2;
         config.common.admin_token = Some("s3cret".into());
     })
@@ -692,20 +701,11 @@ async fn replays_never_use_up_the_consumers_retries() {
         config.common.admin_token = Some("s3cret".into());
     })
     .await;
-    let inbox = jetstream_outbox::Inbox::new(app.pool.clone(), &app.config.consumer.name);
-    let subject = format!("{}.OrderPaid.o-later", app.prefix);
-    let body = placed("o-later", 100);
-    let mut letter = jetstream_outbox::inbox::NewDeadLetter::new(&subject, &body, "no invoice");
-    letter.message_id = Some("m-paid-later");
-    letter.headers = json!({ headers::ID: ["m-paid-later"], headers::TYPE: ["OrderPaid"] });
-    let id = inbox.dead_letter(letter).await.unwrap();
+    let id = app
+        .dead_letter("m-paid-later", "OrderPaid", "o-later")
+        .await;
     for _ in 0..3 {
-        let response = reqwest::Client::new()
-            .post(format!("{}/inbox/dead/{id}/retry", app.running.url))
-            .bearer_auth("s3cret")
-            .send()
-            .await
-            .unwrap();
+        let response = app.admin_post(&format!("/inbox/dead/{id}/retry")).await;
         assert_eq!(response.status(), 409, "{}", response.text().await.unwrap());
     }
     app.stop().await;
