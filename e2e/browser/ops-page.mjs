@@ -86,9 +86,21 @@ try {
   if ((await page.textContent("#status")).includes("more than this group")) {
     problems.push(`a group the filters name exactly: ${await page.textContent("#status")}`);
   }
-  // Its details show what it carried, and stay open across the page's refreshes.
-  await row.locator("button.details").click();
+  // Its details show what it carried, and stay open across the page's refreshes. Their answer
+  // is held until the list has been redrawn: a slow answer must not show them half.
+  const detailPath = `/${encodeURIComponent(DEAD_ID)}`;
   const detail = page.locator(`tr[data-detail-of="${DEAD_ID}"] pre`);
+  await page.route((url) => url.pathname.endsWith(detailPath), async (route) => {
+    await page.evaluate(() => new Promise((redrawn) => new MutationObserver((_, observer) => {
+      observer.disconnect();
+      redrawn();
+    }).observe(document.getElementById("dead-rows"), { childList: true })));
+    for (const shown of await detail.allTextContents()) {
+      problems.push(`details shown before they were loaded: ${shown}`);
+    }
+    await route.continue();
+  }, { times: 1 });
+  await row.locator("button.details").click();
   await detail.waitFor();
   if (!(await detail.textContent()).includes(EXPECT_DETAIL)) {
     problems.push(`the details lack ${EXPECT_DETAIL}: ${await detail.textContent()}`);

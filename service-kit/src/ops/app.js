@@ -446,9 +446,10 @@ async function loadDetail(id) {
   });
   if (response.ok) {
     details.set(id, await response.json());
-  } else {
-    setStatus(`Details of ${id} unavailable: ${await problemDetail(response)}`, "bad");
+    return true;
   }
+  setStatus(`Details of ${id} unavailable: ${await problemDetail(response)}`, "bad");
+  return false;
 }
 
 function pretty(text) {
@@ -561,8 +562,9 @@ async function refreshDead() {
         refreshDead();
         return;
       }
-      openDetails.add(id);
-      await loadDetail(id);
+      // Opened once loaded: a refresh meanwhile would show the list's item, which lacks the
+      // body, as if it were all there is.
+      if (await loadDetail(id)) openDetails.add(id);
       refreshDead();
     });
     const row = el("tr", {}, [
