@@ -9,10 +9,19 @@ const REFRESH_MS = 2000;
 let token = "";
 // The filters the list shows and the bulk buttons act on: those applied, not those typed.
 let filters = new URLSearchParams();
-// The last filters the service accepted, and a count of changes to `filters`, so that a reply
-// to filters replaced meanwhile is dropped rather than shown.
+// The last filters the service accepted.
 let acceptedFilters = new URLSearchParams();
-let filtersVersion = 0;
+
+// Each refresh draws its latest request's reply only, and only while the token it was sent
+// with is still the page's: a reply arriving late (under load, or after an action or a new
+// token) would draw what was true before, or clear the token typed since.
+const requestsMade = new Map();
+function newRequest(name) {
+  const made = (requestsMade.get(name) ?? 0) + 1;
+  requestsMade.set(name, made);
+  const sentWith = token;
+  return { token: sentWith, current: () => requestsMade.get(name) === made && token === sentWith };
+}
 
 const el = (tag, props = {}, children = []) => {
   const node = document.createElement(tag);
@@ -87,10 +96,12 @@ function drainText(stats) {
 }
 
 async function refreshStats() {
+  const request = newRequest("stats");
   try {
     const response = await fetch(config.stats, { cache: "no-store" });
     if (!response.ok) throw new Error(await problemDetail(response));
     const stats = await response.json();
+    if (!request.current()) return;
     // A tile whose value the stats leave out belongs to a feature this instance runs without.
     const tiles = config.tiles.filter(({ key }) => key in stats).map(({ key, label, alert }) =>
       el("div", {
@@ -110,6 +121,7 @@ async function refreshStats() {
     document.getElementById("updated").textContent =
       `updated ${new Date().toLocaleTimeString()}`;
   } catch (error) {
+    if (!request.current()) return;
     document.getElementById("updated").textContent = `stats unavailable: ${error.message}`;
   }
 }
@@ -239,13 +251,26 @@ function confirmSkip(item) {
   return window.confirm(`Skip ${item.id}? It is given up for good.${behind}`);
 }
 
+// Ids whose action is under way: their buttons stay disabled across the page's refreshes, so
+// that a second click does not take it twice.
+const acting = new Set();
+
 async function act(id, action) {
-  const response = await fetch(`${config.dead}/${encodeURIComponent(id)}/${action.name}`, {
-    method: "POST",
-    headers: { authorization: `Bearer ${token}` },
-  });
+  acting.add(id);
+  let response;
+  try {
+    response = await fetch(`${config.dead}/${encodeURIComponent(id)}/${action.name}`, {
+      method: "POST",
+      headers: { authorization: `Bearer ${token}` },
+    });
+  } finally {
+    acting.delete(id);
+  }
   if (response.ok) {
     setStatus(`${action.label}: ${id} done`, "good");
+    // Should it die again, its details are read anew.
+    openDetails.delete(id);
+    details.delete(id);
   } else {
     setStatus(`${action.label}: ${id} refused (${response.status}): ${await problemDetail(response)}`, "bad");
     // Open details show what the action left: its error and attempts may have changed.
@@ -270,12 +295,16 @@ async function actOnAll(action) {
   const first = preview.first.join(", ");
   if (!window.confirm(`${action.label} ${many} dead letter(s) ${described}?\nFirst: ${first}`)) return;
   const params = new URLSearchParams(applied);
+  // The token confirmed with, for every request: a refresh may clear the page's meanwhile.
+  const sentWith = token;
+  const bulkButtons = document.querySelectorAll("#bulk button");
+  for (const button of bulkButtons) button.disabled = true;
   let count = 0;
   let notApplied = 0;
   for (;;) {
     const response = await fetch(`${config.dead}/${action.name}?${params}`, {
       method: "POST",
-      headers: { authorization: `Bearer ${token}` },
+      headers: { authorization: `Bearer ${sentWith}` },
     });
     if (!response.ok) {
       // Earlier requests may have done some: say how many.
@@ -293,6 +322,7 @@ async function actOnAll(action) {
     }
     params.set("cursor", outcome.nextCursor);
   }
+  for (const button of bulkButtons) button.disabled = false;
   await Promise.all([refreshStats(), refreshDead(), refreshAudit()]);
 }
 
@@ -319,16 +349,19 @@ async function previewMatching(applied) {
 
 async function refreshAudit() {
   if (!token) return;
+  const request = newRequest("audit");
   const response = await fetch("/ops/audit?limit=20", {
-    headers: { authorization: `Bearer ${token}` },
+    headers: { authorization: `Bearer ${request.token}` },
     cache: "no-store",
   });
+  if (!request.current()) return;
   const section = document.getElementById("audit-section");
   if (!response.ok) {
     section.hidden = true;
     return;
   }
   const page = await response.json();
+  if (!request.current()) return;
   const rows = page.items.map((entry) => el("tr", {}, [
     el("td", { textContent: new Date(entry.at).toLocaleString() }),
     el("td", { textContent: entry.actor }),
@@ -369,15 +402,18 @@ const FILTER_TEXT_MAX = 500;
 // the filters cannot name the group exactly, so that a bulk action is not taken on more.
 async function refreshGroups() {
   const box = document.getElementById("groups-box");
+  const request = newRequest("groups");
   const response = await fetch(`${config.dead}/groups`, {
-    headers: { authorization: `Bearer ${token}` },
+    headers: { authorization: `Bearer ${request.token}` },
     cache: "no-store",
   });
+  if (!request.current()) return;
   if (!response.ok) {
     box.hidden = true;
     return;
   }
   const { groups } = await response.json();
+  if (!request.current()) return;
   const keys = new Set(config.filters.map(({ key }) => key));
   const rows = groups.map((group) => {
     const show = el("button", { type: "button", textContent: "Show" });
@@ -501,21 +537,23 @@ function detailText(item) {
 
 async function refreshDead() {
   if (!token) return;
+  // Every change of the filters is followed by a refresh, so a reply to filters replaced
+  // meanwhile is no longer the latest.
+  const request = newRequest("dead");
   const asked = new URLSearchParams(filters);
-  const version = filtersVersion;
   const query = new URLSearchParams(asked);
   query.set("limit", "200");
   const response = await fetch(`${config.dead}?${query}`, {
-    headers: { authorization: `Bearer ${token}` },
+    headers: { authorization: `Bearer ${request.token}` },
     cache: "no-store",
   });
-  if (version !== filtersVersion) return;
+  if (!request.current()) return;
   const table = document.getElementById("dead");
   if (response.status === 422 && asked.toString() !== acceptedFilters.toString()) {
     // A bad filter value: back to the filters accepted before, in the form too, so that the
     // list and the bulk buttons never cover more than the form shows.
     const detail = await problemDetail(response);
-    if (version !== filtersVersion) return;
+    if (!request.current()) return;
     setStatus(`Filter refused: ${detail}; the previous filters stay`, "bad");
     setFilters(acceptedFilters);
     refreshDead();
@@ -526,6 +564,7 @@ async function refreshDead() {
     const reason = response.status === 401 ? "the token was refused"
       : response.status === 403 ? "no token is configured on this service"
       : await problemDetail(response);
+    if (!request.current()) return;
     document.getElementById("dead-summary").textContent = "";
     document.getElementById("filter-form").hidden = true;
     document.getElementById("groups-box").hidden = true;
@@ -534,7 +573,7 @@ async function refreshDead() {
     return;
   }
   const page = await response.json();
-  if (version !== filtersVersion) return;
+  if (!request.current()) return;
   acceptedFilters = asked;
   refreshGroups();
   document.getElementById("dead-head").replaceChildren(
@@ -542,7 +581,11 @@ async function refreshDead() {
     el("th", { textContent: "Action" }));
   const rows = page.items.map((item) => {
     const buttons = config.actions.map((action) => {
-      const button = el("button", { type: "button", textContent: action.label });
+      const button = el("button", {
+        type: "button",
+        textContent: action.label,
+        disabled: acting.has(String(item.id)),
+      });
       button.dataset.action = action.name;
       button.addEventListener("click", () => {
         if (action.name === "skip" && !confirmSkip(item)) return;
@@ -605,7 +648,6 @@ document.getElementById("filter-form").addEventListener("submit", (event) => {
     if (value) typed.set(key, value);
   }
   filters = typed;
-  filtersVersion += 1;
   setStatus("");
   refreshDead();
 });
@@ -613,7 +655,6 @@ document.getElementById("filter-form").addEventListener("submit", (event) => {
 // Applies `applied` as the filters, and shows them in the form.
 function setFilters(applied) {
   filters = new URLSearchParams(applied);
-  filtersVersion += 1;
   for (const { key } of config.filters) {
     document.getElementById(`filter-${key}`).value = filters.get(key) ?? "";
   }
