@@ -1006,7 +1006,8 @@ async fn hostile_messages_are_dead_lettered_and_nothing_loops() {
             eprintln!("inbox stats: {stats}");
             last.replace(stats.clone());
         }
-        (stats["dead"] == 10 && stats["duplicate"] == 1).then_some(stats)
+        // At least one: an ack lost with a dropped connection brings a copy back once more.
+        (stats["dead"] == 10 && stats["duplicate"].as_u64() >= Some(1)).then_some(stats)
     })
     .await;
     assert_eq!(stats["processed"], 1, "{stats}");
@@ -1031,7 +1032,10 @@ async fn hostile_messages_are_dead_lettered_and_nothing_loops() {
     };
     let delivered = eventually("every delivery settled", WAIT, settled).await;
     // Started again, billing is delivered nothing of it: an order after the restart is the
-    // only message it gets, and the dead letters stay as they were.
+    // only message it gets, and the dead letters stay as they were. The default ack wait
+    // again, so that a slow first ack is not a second delivery.
+    let mut app = app;
+    app.config.consumer.ack_wait = Config::from_env().unwrap().consumer.ack_wait;
     let app = app.restart().await;
     app.publish("m-after", "OrderPlaced", "o-after", placed("o-after", 300))
         .await;

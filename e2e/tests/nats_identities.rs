@@ -78,10 +78,11 @@ async fn billings_identity_is_refused(
         forged.await.is_err(),
         "billing's identity may not publish an event"
     );
-    let handle = billing
-        .get_stream(&stream)
-        .await
-        .expect("billing reads its stream");
+    // Read again until answered: the refusals' short timeout is no bound for an answer.
+    let handle = eventually("billing reads its stream", ANSWERED_WITHIN, || async {
+        billing.get_stream(stream).await.ok()
+    })
+    .await;
     assert!(
         handle
             .create_consumer(pull::Config {
@@ -101,10 +102,11 @@ async fn billings_identity_is_refused(
 /// Orders' identity cannot read billing's messages, nor delete its consumer or the stream.
 async fn orders_identity_is_refused(cluster: &Cluster, password: &str, stream: &str) {
     let orders = as_user(cluster, "orders", password, REFUSED_WITHIN).await;
-    let handle = orders
-        .get_stream(&stream)
-        .await
-        .expect("orders reads its stream");
+    // Read again until answered: the refusals' short timeout is no bound for an answer.
+    let handle = eventually("orders reads its stream", ANSWERED_WITHIN, || async {
+        orders.get_stream(stream).await.ok()
+    })
+    .await;
     let stolen = async {
         let consumer: async_nats::jetstream::consumer::PullConsumer = handle
             .get_consumer("billing")

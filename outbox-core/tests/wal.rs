@@ -188,8 +188,11 @@ async fn an_instance_that_lost_its_lock_stops_streaming(pool: PgPool) {
     sleepy_relay(&pool, &stream, &wakeup, &shutdown);
     let second = wal_wakeup(&pool, slot.name(), &wakeup, &shutdown);
 
+    // The session holding the lock: the standby's, waiting for it, has the same name.
     let ended: Vec<bool> = sqlx::query_scalar(
-        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1",
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+          WHERE application_name = $1
+            AND pid IN (SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted)",
     )
     .bind(format!("outbox-wal-lock/{}", slot.name()))
     .fetch_all(&pool)

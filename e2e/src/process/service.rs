@@ -39,6 +39,11 @@ pub struct Service {
     child: Option<Child>,
 }
 
+/// How long a service may take to be ready: longer than it waits at start-up for its database
+/// and its stream, which a cluster restarting can use up.
+const READY_WITHIN: Duration =
+    Duration::from_secs(service_kit::infra::START_UP_WAIT.as_secs() + 30);
+
 impl Service {
     /// Starts `kind` with `env` (on a fresh port) and waits until it is ready.
     pub async fn start(kind: Kind, mut env: Vec<(String, String)>, log_dir: &Path) -> Self {
@@ -89,8 +94,13 @@ impl Service {
     async fn ready(&mut self) {
         let name = self.kind.name();
         let ready = format!("{}/readyz", self.url);
-        let client = reqwest::Client::new();
-        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        // A request answered at once, or retried: a port open before the app serves must not
+        // hold the wait past its bound.
+        let client = reqwest::Client::builder()
+            .timeout(Duration::from_secs(2))
+            .build()
+            .expect("HTTP client");
+        let deadline = std::time::Instant::now() + READY_WITHIN;
         loop {
             let answer = client.get(&ready).send().await;
             if answer.is_ok_and(|r| r.status().is_success()) {
@@ -102,7 +112,7 @@ impl Service {
                 .and_then(|child| child.try_wait().ok().flatten());
             assert!(
                 exited.is_none() && std::time::Instant::now() < deadline,
-                "{name} not ready within 30 s ({exited:?}); its log ends:\n{}",
+                "{name} not ready within {READY_WITHIN:?} ({exited:?}); its log ends:\n{}",
                 self.log_tail(40)
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
