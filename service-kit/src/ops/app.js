@@ -12,15 +12,27 @@ let filters = new URLSearchParams();
 // The last filters the service accepted.
 let acceptedFilters = new URLSearchParams();
 
-// Each refresh draws its latest request's reply only, and only while the token it was sent
-// with is still the page's: a reply arriving late (under load, or after an action or a new
-// token) would draw what was true before, or clear the token typed since.
+// A reply is drawn only if no later request's reply was drawn before it, and only while the
+// token it was sent with is still the page's: a reply arriving late (under load, or after an
+// action or a new token) would draw what was true before, or clear the token typed since.
+// Replies slower than the refreshes are still drawn, in order.
 const requestsMade = new Map();
-function newRequest(name) {
+const repliesDrawn = new Map();
+function newRequest(name, { withToken = true } = {}) {
   const made = (requestsMade.get(name) ?? 0) + 1;
   requestsMade.set(name, made);
   const sentWith = token;
-  return { token: sentWith, current: () => requestsMade.get(name) === made && token === sentWith };
+  return {
+    token: sentWith,
+    current: () => made > (repliesDrawn.get(name) ?? 0) && (!withToken || token === sentWith),
+    drawn: () => repliesDrawn.set(name, made),
+  };
+}
+
+// Makes the replies to every request `name` made so far stale: they asked for what the page
+// no longer shows (other filters).
+function staleSoFar(name) {
+  repliesDrawn.set(name, requestsMade.get(name) ?? 0);
 }
 
 const el = (tag, props = {}, children = []) => {
@@ -96,12 +108,13 @@ function drainText(stats) {
 }
 
 async function refreshStats() {
-  const request = newRequest("stats");
+  const request = newRequest("stats", { withToken: false });
   try {
     const response = await fetch(config.stats, { cache: "no-store" });
     if (!response.ok) throw new Error(await problemDetail(response));
     const stats = await response.json();
     if (!request.current()) return;
+    request.drawn();
     // A tile whose value the stats leave out belongs to a feature this instance runs without.
     const tiles = config.tiles.filter(({ key }) => key in stats).map(({ key, label, alert }) =>
       el("div", {
@@ -122,6 +135,7 @@ async function refreshStats() {
       `updated ${new Date().toLocaleTimeString()}`;
   } catch (error) {
     if (!request.current()) return;
+    request.drawn();
     document.getElementById("updated").textContent = `stats unavailable: ${error.message}`;
   }
 }
@@ -252,10 +266,11 @@ function confirmSkip(item) {
 }
 
 // Ids whose action is under way: their buttons stay disabled across the page's refreshes, so
-// that a second click does not take it twice.
+// that a second click does not take one twice, nor another while it runs.
 const acting = new Set();
 
 async function act(id, action) {
+  if (acting.has(id)) return;
   acting.add(id);
   let response;
   try {
@@ -282,6 +297,19 @@ async function act(id, action) {
 // Takes `action` on every dead letter the applied filters match, one request after another
 // while the service answers a cursor (a replay handles a bounded number per request).
 async function actOnAll(action) {
+  const bulkButtons = document.querySelectorAll("#bulk button");
+  for (const button of bulkButtons) button.disabled = true;
+  try {
+    await actOnAllMatching(action);
+  } catch (error) {
+    setStatus(`${action.label} all: stopped: ${error.message}`, "bad");
+  } finally {
+    for (const button of bulkButtons) button.disabled = false;
+  }
+  await Promise.all([refreshStats(), refreshDead(), refreshAudit()]);
+}
+
+async function actOnAllMatching(action) {
   // The filters as they are now: the preview, the question and the action all use these.
   const applied = new URLSearchParams(filters);
   const described = applied.toString() ? `matching ${applied}` : "of this service";
@@ -297,8 +325,6 @@ async function actOnAll(action) {
   const params = new URLSearchParams(applied);
   // The token confirmed with, for every request: a refresh may clear the page's meanwhile.
   const sentWith = token;
-  const bulkButtons = document.querySelectorAll("#bulk button");
-  for (const button of bulkButtons) button.disabled = true;
   let count = 0;
   let notApplied = 0;
   for (;;) {
@@ -322,8 +348,6 @@ async function actOnAll(action) {
     }
     params.set("cursor", outcome.nextCursor);
   }
-  for (const button of bulkButtons) button.disabled = false;
-  await Promise.all([refreshStats(), refreshDead(), refreshAudit()]);
 }
 
 // What a bulk action would take: how many dead letters the applied filters match (up to a
@@ -357,11 +381,13 @@ async function refreshAudit() {
   if (!request.current()) return;
   const section = document.getElementById("audit-section");
   if (!response.ok) {
+    request.drawn();
     section.hidden = true;
     return;
   }
   const page = await response.json();
   if (!request.current()) return;
+  request.drawn();
   const rows = page.items.map((entry) => el("tr", {}, [
     el("td", { textContent: new Date(entry.at).toLocaleString() }),
     el("td", { textContent: entry.actor }),
@@ -409,11 +435,13 @@ async function refreshGroups() {
   });
   if (!request.current()) return;
   if (!response.ok) {
+    request.drawn();
     box.hidden = true;
     return;
   }
   const { groups } = await response.json();
   if (!request.current()) return;
+  request.drawn();
   const keys = new Set(config.filters.map(({ key }) => key));
   const rows = groups.map((group) => {
     const show = el("button", { type: "button", textContent: "Show" });
@@ -537,8 +565,6 @@ function detailText(item) {
 
 async function refreshDead() {
   if (!token) return;
-  // Every change of the filters is followed by a refresh, so a reply to filters replaced
-  // meanwhile is no longer the latest.
   const request = newRequest("dead");
   const asked = new URLSearchParams(filters);
   const query = new URLSearchParams(asked);
@@ -560,11 +586,12 @@ async function refreshDead() {
     return;
   }
   if (!response.ok) {
-    table.hidden = true;
     const reason = response.status === 401 ? "the token was refused"
       : response.status === 403 ? "no token is configured on this service"
       : await problemDetail(response);
     if (!request.current()) return;
+    request.drawn();
+    table.hidden = true;
     document.getElementById("dead-summary").textContent = "";
     document.getElementById("filter-form").hidden = true;
     document.getElementById("groups-box").hidden = true;
@@ -574,6 +601,7 @@ async function refreshDead() {
   }
   const page = await response.json();
   if (!request.current()) return;
+  request.drawn();
   acceptedFilters = asked;
   refreshGroups();
   document.getElementById("dead-head").replaceChildren(
@@ -587,9 +615,11 @@ async function refreshDead() {
         disabled: acting.has(String(item.id)),
       });
       button.dataset.action = action.name;
-      button.addEventListener("click", () => {
+      button.addEventListener("click", (event) => {
         if (action.name === "skip" && !confirmSkip(item)) return;
-        button.disabled = true;
+        for (const other of event.target.parentElement.querySelectorAll("button[data-action]")) {
+          other.disabled = true;
+        }
         act(String(item.id), action);
       });
       return button;
@@ -648,6 +678,7 @@ document.getElementById("filter-form").addEventListener("submit", (event) => {
     if (value) typed.set(key, value);
   }
   filters = typed;
+  staleSoFar("dead");
   setStatus("");
   refreshDead();
 });
@@ -655,6 +686,7 @@ document.getElementById("filter-form").addEventListener("submit", (event) => {
 // Applies `applied` as the filters, and shows them in the form.
 function setFilters(applied) {
   filters = new URLSearchParams(applied);
+  staleSoFar("dead");
   for (const { key } of config.filters) {
     document.getElementById(`filter-${key}`).value = filters.get(key) ?? "";
   }
