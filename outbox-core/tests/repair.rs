@@ -6,13 +6,15 @@
 mod common;
 
 use std::collections::HashSet;
+use std::sync::Arc;
 use std::time::Duration;
 
 use common::{TestStream, count, enqueue, migrate};
-use jetstream_outbox::testing::eventually;
+use jetstream_outbox::testing::{FaultyPublisher, eventually};
 use jetstream_outbox::{Relay, StreamRepair, outbox};
 use serde_json::json;
 use sqlx::PgPool;
+use tokio::sync::Barrier;
 
 /// Five orders with two events each, published by one pass.
 async fn ten_published(pool: &PgPool, relay: &Relay<jetstream_outbox::JetStreamPublisher>) {
@@ -203,5 +205,70 @@ async fn messages_aged_out_by_the_stream_are_not_published_again(pool: PgPool) {
     .await;
     assert_eq!(repair.check(&pool).await.unwrap().republished, 0);
     assert_eq!(outbox::stats(&pool).await.unwrap().pending, 0);
+    stream.delete().await;
+}
+
+/// Another relay's pass begins before a check and is acknowledged after the check read the
+/// stream's state (the check is held here, on the table of positions, until the pass recorded
+/// its event): the event is above every message the check read, yet in the stream, and is not
+/// taken for lost.
+#[sqlx::test(migrations = false)]
+async fn an_event_acknowledged_during_a_check_is_not_taken_for_lost(pool: PgPool) {
+    migrate(&pool).await;
+    let stream = TestStream::new().await;
+    let repair = StreamRepair::new(stream.jetstream.clone(), stream.spec());
+    let relay = Relay::new(pool.clone(), stream.publisher(), stream.relay_config());
+    enqueue(&pool, "o1", "OrderPlaced", json!({})).await;
+    assert_eq!(relay.run_once().await.unwrap().published, 1);
+    repair.check(&pool).await.unwrap();
+
+    enqueue(&pool, "o2", "OrderPlaced", json!({})).await;
+    let barrier = Arc::new(Barrier::new(2));
+    let held = FaultyPublisher::new(stream.publisher()).with_first_call_barrier(barrier.clone());
+    let relay = Relay::new(pool.clone(), held, stream.relay_config());
+    let pass = tokio::spawn(async move { relay.run_once().await });
+    // Its transaction waits while the publisher does (a probe that locked the row could
+    // take it from the claim).
+    eventually("the pass's claim", Duration::from_secs(10), || async {
+        let claiming: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity
+             WHERE datname = current_database() AND state = 'idle in transaction'",
+        )
+        .fetch_one(&pool)
+        .await
+        .ok()?;
+        (claiming > 0).then_some(())
+    })
+    .await;
+
+    let mut positions = pool.begin().await.unwrap();
+    sqlx::query("LOCK TABLE outbox_stream_checks IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut *positions)
+        .await
+        .unwrap();
+    let check = tokio::spawn({
+        let pool = pool.clone();
+        async move { repair.check(&pool).await }
+    });
+    eventually("the check held", Duration::from_secs(10), || async {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity
+             WHERE datname = current_database() AND wait_event_type = 'Lock'
+               AND query LIKE '%outbox_stream_checks%'",
+        )
+        .fetch_one(&pool)
+        .await
+        .ok()?;
+        (waiting > 0).then_some(())
+    })
+    .await;
+    barrier.wait().await;
+    assert_eq!(pass.await.unwrap().unwrap().published, 1);
+    positions.commit().await.unwrap();
+
+    let report = check.await.unwrap().unwrap();
+    assert_eq!(report.republished, 0, "{report:?}");
+    assert_eq!(outbox::stats(&pool).await.unwrap().pending, 0);
+    assert_eq!(stream.contents().await.len(), 2);
     stream.delete().await;
 }

@@ -13,10 +13,12 @@
 //!   acknowledgement names a sequence at or below one already acknowledged, when no stream
 //!   answers for a subject): it finds the newest recorded position that still holds (a stream
 //!   loses its newest messages, so every one before it is there), reads the ids of every
-//!   message after it, and moves each event published since that is not among them back into
-//!   the outbox, with its original seq (so that, per aggregate, it goes out before the events
-//!   that followed it) and id (so that consumers' inboxes drop the copies that did survive). A
-//!   deleted stream is created again first.
+//!   message after it (on to the stream's new end when an event recorded since lies above
+//!   them: another relay's pass may have been acknowledged after the stream's state was
+//!   read; one recorded after that is the next check's), and moves each event published
+//!   since that is not among them back into the outbox, with its original seq (so that, per
+//!   aggregate, it goes out before the events that followed it) and id (so that consumers'
+//!   inboxes drop the copies that did survive). A deleted stream is created again first.
 //!
 //! The relay publishes nothing after a reconnect until the full check has run. What is covered:
 //! events published within the outbox's retention (`outbox_published`; a relay that deletes
@@ -247,10 +249,29 @@ impl StreamRepair {
             None => (state.first_seq.saturating_sub(1), None),
         };
         let mut tx = storage::begin_scan(conn).await?;
-        let newest = scan::read_ids(&stream, from_seq, state.last_seq, &mut tx).await?;
-        report.scanned = newest.scanned;
+        let mut newest = scan::read_ids(&stream, from_seq, state.last_seq, &mut tx).await?;
         let max_age = (!state.max_age.is_zero()).then_some(state.max_age);
-        let moved = storage::move_back_lost(&mut tx, from_seq, since, started, max_age).await?;
+        let read_to = from_seq.max(state.last_seq);
+        let lost = storage::Lost {
+            from_seq,
+            through: read_to,
+            since,
+            before: started,
+            max_age,
+        };
+        // Another relay's pass acknowledged after the state was read can be recorded by now,
+        // above it: the stream is read on to its end before such an event is judged. Only
+        // those noted here are: one recorded later is the next check's.
+        let through = if storage::note_above(&mut tx, &lost).await? {
+            let (more, end) = self.read_past(&stream, &state, read_to, &mut tx).await?;
+            newest.scanned += more.scanned;
+            newest.last = more.last.or(newest.last);
+            end
+        } else {
+            read_to
+        };
+        report.scanned = newest.scanned;
+        let moved = storage::move_back_lost(&mut tx, &storage::Lost { through, ..lost }).await?;
         let at = newest.last.map_or_else(
             || {
                 holding.map_or((state.last_seq, None), |check| {
@@ -276,6 +297,27 @@ impl StreamRepair {
             message_id: at.1,
         };
         Ok((report, position))
+    }
+
+    /// Reads the ids of the messages the stream stored after `read_to` since its `state` was
+    /// read, and says up to which sequence it read. Nothing when the stream is gone or was
+    /// made again meanwhile: the events noted above the read are then judged lost (those the
+    /// new stream stored are published again, copies its consumers drop), and the relay's
+    /// next acknowledgement, at or below one it had, sets off a full check of the new one.
+    async fn read_past(
+        &self,
+        stream: &stream::Stream,
+        state: &StreamState,
+        read_to: u64,
+        conn: &mut sqlx::PgConnection,
+    ) -> Result<(scan::Scanned, u64), RepairError> {
+        match self.stream().await? {
+            Some((_, now)) if now.created == state.created && now.last_seq > read_to => {
+                let scanned = scan::read_ids(stream, read_to, now.last_seq, conn).await?;
+                Ok((scanned, now.last_seq))
+            }
+            _ => Ok((scan::Scanned::default(), read_to)),
+        }
     }
 
     /// The light check: the stream is `created`, and holds `message_id` at `seq`. Returns the

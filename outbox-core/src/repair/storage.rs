@@ -103,14 +103,17 @@ pub(super) async fn forget_old_checks(conn: &mut PgConnection, stream: &str) -> 
     Ok(())
 }
 
-/// Begins the transaction of a scan, with the temporary table its ids go to (dropped at its
-/// end).
+/// Begins the transaction of a scan, with the temporary tables of the ids it read and of those
+/// [`note_above`] notes (dropped at its end).
 pub(super) async fn begin_scan(conn: &mut PgConnection) -> sqlx::Result<Transaction<'_, Postgres>> {
     let mut tx = sqlx::Connection::begin(conn).await?;
-    // Not checked at compile time: the table exists only in this transaction.
-    sqlx::query("CREATE TEMPORARY TABLE outbox_repair_seen (id uuid PRIMARY KEY) ON COMMIT DROP")
-        .execute(&mut *tx)
-        .await?;
+    // Not checked at compile time: the tables exist only in this transaction.
+    for table in [
+        "CREATE TEMPORARY TABLE outbox_repair_seen (id uuid PRIMARY KEY) ON COMMIT DROP",
+        "CREATE TEMPORARY TABLE outbox_repair_above (id uuid PRIMARY KEY) ON COMMIT DROP",
+    ] {
+        sqlx::query(table).execute(&mut *tx).await?;
+    }
     Ok(tx)
 }
 
@@ -125,25 +128,63 @@ pub(super) async fn seen(conn: &mut PgConnection, ids: &[uuid::Uuid]) -> sqlx::R
     Ok(())
 }
 
+/// The published events a check takes for lost unless its scan saw them: published between
+/// `since` (when given) and `before`, acknowledged above `from_seq` and at most at `through`
+/// (or without a sequence), or noted by [`note_above`]; and not older than the stream's
+/// `max_age`.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Lost {
+    pub(super) from_seq: u64,
+    pub(super) through: u64,
+    pub(super) since: Option<DateTime<Utc>>,
+    pub(super) before: DateTime<Utc>,
+    pub(super) max_age: Option<Duration>,
+}
+
+/// A stream sequence as the database keeps it.
+fn seq_bound(seq: u64) -> i64 {
+    i64::try_from(seq).unwrap_or(i64::MAX)
+}
+
+/// Notes in the scan's table of events above the read the events `lost` names but for one
+/// acknowledged above its `through`, which the scan read to: such an event may have been stored
+/// after the stream's state was read. Whether there was any.
+pub(super) async fn note_above(conn: &mut PgConnection, lost: &Lost) -> sqlx::Result<bool> {
+    // Not checked at compile time: it writes the scan's temporary table.
+    let noted: i64 = sqlx::query_scalar(
+        "WITH above AS (
+             INSERT INTO outbox_repair_above
+             SELECT id FROM outbox_published
+             WHERE published_at < $1
+               AND ($2::timestamptz IS NULL OR published_at >= $2)
+               AND ($3::float8 IS NULL OR published_at >= $1 - make_interval(secs => $3))
+               AND stream_seq > $4
+             ON CONFLICT DO NOTHING
+             RETURNING id
+         )
+         SELECT count(*) FROM above",
+    )
+    .bind(lost.before)
+    .bind(lost.since)
+    .bind(lost.max_age.map(|age| age.as_secs_f64()))
+    .bind(seq_bound(lost.through))
+    .fetch_one(conn)
+    .await?;
+    Ok(noted > 0)
+}
+
 /// Moves back into the outbox, pending, with their seq, id and first publishing time, the
-/// events published between `since` (when given) and `before` that the scan did not see and
-/// that were not acknowledged at or below `from_seq`, leaving out those the stream would have
-/// removed by its `max_age`. Returns their seqs, in order.
-pub(super) async fn move_back_lost(
-    conn: &mut PgConnection,
-    from_seq: u64,
-    since: Option<DateTime<Utc>>,
-    before: DateTime<Utc>,
-    max_age: Option<Duration>,
-) -> sqlx::Result<Vec<i64>> {
-    // Not checked at compile time: it reads the scan's temporary table.
+/// events `lost` names that the scan did not see. Returns their seqs, in order.
+pub(super) async fn move_back_lost(conn: &mut PgConnection, lost: &Lost) -> sqlx::Result<Vec<i64>> {
+    // Not checked at compile time: it reads the scan's temporary tables.
     sqlx::query_scalar(
         "WITH lost AS (
              DELETE FROM outbox_published p
              WHERE p.published_at < $1
                AND ($2::timestamptz IS NULL OR p.published_at >= $2)
                AND ($3::float8 IS NULL OR p.published_at >= $1 - make_interval(secs => $3))
-               AND (p.stream_seq IS NULL OR p.stream_seq > $4)
+               AND (p.stream_seq IS NULL OR (p.stream_seq > $4 AND p.stream_seq <= $5)
+                    OR EXISTS (SELECT FROM outbox_repair_above a WHERE a.id = p.id))
                AND NOT EXISTS (SELECT FROM outbox_repair_seen s WHERE s.id = p.id)
              RETURNING p.seq, p.id, p.aggregate_type, p.aggregate_id, p.event_type, p.payload,
                        p.traceparent, p.created_at, p.published_at
@@ -160,10 +201,11 @@ pub(super) async fn move_back_lost(
          ORDER BY seq
          RETURNING seq",
     )
-    .bind(before)
-    .bind(since)
-    .bind(max_age.map(|age| age.as_secs_f64()))
-    .bind(i64::try_from(from_seq).unwrap_or(i64::MAX))
+    .bind(lost.before)
+    .bind(lost.since)
+    .bind(lost.max_age.map(|age| age.as_secs_f64()))
+    .bind(seq_bound(lost.from_seq))
+    .bind(seq_bound(lost.through))
     .fetch_all(conn)
     .await
 }
