@@ -22,10 +22,16 @@ function newRequest(name, { withToken = true } = {}) {
   const made = (requestsMade.get(name) ?? 0) + 1;
   requestsMade.set(name, made);
   const sentWith = token;
+  const current = () => made > (repliesDrawn.get(name) ?? 0) && (!withToken || token === sentWith);
   return {
     token: sentWith,
-    current: () => made > (repliesDrawn.get(name) ?? 0) && (!withToken || token === sentWith),
-    drawn: () => repliesDrawn.set(name, made),
+    current,
+    // True, and the reply counted as drawn, when it is still to be drawn.
+    claim: () => {
+      if (!current()) return false;
+      repliesDrawn.set(name, made);
+      return true;
+    },
   };
 }
 
@@ -113,8 +119,7 @@ async function refreshStats() {
     const response = await fetch(config.stats, { cache: "no-store" });
     if (!response.ok) throw new Error(await problemDetail(response));
     const stats = await response.json();
-    if (!request.current()) return;
-    request.drawn();
+    if (!request.claim()) return;
     // A tile whose value the stats leave out belongs to a feature this instance runs without.
     const tiles = config.tiles.filter(({ key }) => key in stats).map(({ key, label, alert }) =>
       el("div", {
@@ -134,8 +139,7 @@ async function refreshStats() {
     document.getElementById("updated").textContent =
       `updated ${new Date().toLocaleTimeString()}`;
   } catch (error) {
-    if (!request.current()) return;
-    request.drawn();
+    if (!request.claim()) return;
     document.getElementById("updated").textContent = `stats unavailable: ${error.message}`;
   }
 }
@@ -378,16 +382,14 @@ async function refreshAudit() {
     headers: { authorization: `Bearer ${request.token}` },
     cache: "no-store",
   });
-  if (!request.current()) return;
   const section = document.getElementById("audit-section");
   if (!response.ok) {
-    request.drawn();
+    if (!request.claim()) return;
     section.hidden = true;
     return;
   }
   const page = await response.json();
-  if (!request.current()) return;
-  request.drawn();
+  if (!request.claim()) return;
   const rows = page.items.map((entry) => el("tr", {}, [
     el("td", { textContent: new Date(entry.at).toLocaleString() }),
     el("td", { textContent: entry.actor }),
@@ -433,15 +435,13 @@ async function refreshGroups() {
     headers: { authorization: `Bearer ${request.token}` },
     cache: "no-store",
   });
-  if (!request.current()) return;
   if (!response.ok) {
-    request.drawn();
+    if (!request.claim()) return;
     box.hidden = true;
     return;
   }
   const { groups } = await response.json();
-  if (!request.current()) return;
-  request.drawn();
+  if (!request.claim()) return;
   const keys = new Set(config.filters.map(({ key }) => key));
   const rows = groups.map((group) => {
     const show = el("button", { type: "button", textContent: "Show" });
@@ -589,8 +589,7 @@ async function refreshDead() {
     const reason = response.status === 401 ? "the token was refused"
       : response.status === 403 ? "no token is configured on this service"
       : await problemDetail(response);
-    if (!request.current()) return;
-    request.drawn();
+    if (!request.claim()) return;
     table.hidden = true;
     document.getElementById("dead-summary").textContent = "";
     document.getElementById("filter-form").hidden = true;
@@ -600,8 +599,7 @@ async function refreshDead() {
     return;
   }
   const page = await response.json();
-  if (!request.current()) return;
-  request.drawn();
+  if (!request.claim()) return;
   acceptedFilters = asked;
   refreshGroups();
   document.getElementById("dead-head").replaceChildren(
