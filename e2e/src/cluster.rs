@@ -311,6 +311,37 @@ impl Cluster {
         .await;
     }
 
+    /// The orders-service instance streaming the replication slot, once exactly one says so
+    /// (`outbox_wal_streaming` of its `/metrics`); an instance that does not answer (killed)
+    /// streams nothing.
+    pub async fn orders_streaming(&self) -> usize {
+        let client = reqwest::Client::new();
+        let what = "exactly one orders-service instance streaming the slot";
+        eventually(what, Duration::from_secs(60), || async {
+            let mut streaming = Vec::new();
+            for (index, orders) in self.orders.iter().enumerate() {
+                let answer = client
+                    .get(format!("{}/metrics", orders.url))
+                    .timeout(Duration::from_secs(2))
+                    .send()
+                    .await;
+                let Ok(metrics) = answer else { continue };
+                let metrics = metrics.text().await.ok()?;
+                let gauge = metrics
+                    .lines()
+                    .find_map(|l| l.strip_prefix("outbox_wal_streaming "));
+                if gauge.map(str::trim) == Some("1") {
+                    streaming.push(index);
+                }
+            }
+            match streaming[..] {
+                [one] => Some(one),
+                _ => None,
+            }
+        })
+        .await
+    }
+
     /// Waits until every orders-service instance's relay sees the broker as `wanted`
     /// (`broker` in `GET /outbox/stats`: `ok`, `unreachable`, `stream damaged`...).
     pub async fn orders_see_the_broker(&self, wanted: &str) {

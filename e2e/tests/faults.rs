@@ -442,7 +442,7 @@ async fn nats_cluster_loses_the_stream_leader_under_load() {
 }
 
 /// The same with the relays woken from a replication slot the two orders-service instances
-/// share: the first, which streams it, is the one killed, and the other takes the slot over.
+/// share: the one streaming it is killed, and the other takes the slot over.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nats_cluster_loses_the_stream_leader_with_a_wal_slot() {
     nats_cluster_loses_the_stream_leader(Setup {
@@ -454,11 +454,6 @@ async fn nats_cluster_loses_the_stream_leader_with_a_wal_slot() {
 
 async fn nats_cluster_loses_the_stream_leader(setup: Setup) {
     let mut cluster = Cluster::start_with(1, 2, setup).await;
-    // The first instance streams the slot, if any, before the second starts: it is the one
-    // killed.
-    if let Some(slot) = cluster.wal_slot() {
-        slot_streamed_by(cluster.orders_pool(), slot).await;
-    }
     cluster.start_orders().await;
     let load = cluster.load(6, false);
     load.progress(STEP).await;
@@ -471,18 +466,23 @@ async fn nats_cluster_loses_the_stream_leader(setup: Setup) {
     cluster.nats[leader].restart().await;
     load.progress(STEP).await;
 
-    // Its backend now: the first instance may have started its stream again meanwhile.
-    let streamer = match cluster.wal_slot() {
-        Some(slot) => Some(slot_streamed_by(cluster.orders_pool(), slot).await),
-        None => None,
+    // The instance streaming the slot, if any, is killed: either may by now, and its backend
+    // may have changed since it began.
+    let (victim, streamer) = match cluster.wal_slot() {
+        Some(slot) => {
+            let victim = cluster.orders_streaming().await;
+            let backend = slot_streamed_by(cluster.orders_pool(), slot).await;
+            (victim, Some(backend))
+        }
+        None => (0, None),
     };
-    cluster.orders[0].kill().await;
+    cluster.orders[victim].kill().await;
     cluster.billing[1].kill().await;
     if let (Some(slot), Some(streamer)) = (cluster.wal_slot(), streamer) {
         slot_streamed_by_another(cluster.orders_pool(), slot, streamer).await;
     }
     load.progress(STEP).await;
-    cluster.orders[0].restart().await;
+    cluster.orders[victim].restart().await;
     cluster.billing[1].restart().await;
     load.progress(STEP).await;
     let ledger = load.finish().await;

@@ -60,8 +60,11 @@ async fn a_killed_streaming_instance_is_replaced_within_seconds() {
     enqueue_elsewhere(&orders, "o-wal-1").await;
     invoiced(&billing, 1).await;
     cluster.start_orders().await;
+    // Each instance says whether it streams: an operator knows which one does.
+    assert_eq!(cluster.orders_streaming().await, 0);
     cluster.orders[0].kill().await;
     slot_streamed_by_another(&orders, &slot, first).await;
+    assert_eq!(cluster.orders_streaming().await, 1);
     enqueue_elsewhere(&orders, "o-wal-2").await;
     invoiced(&billing, 2).await;
 

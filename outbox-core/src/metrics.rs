@@ -60,6 +60,10 @@ pub fn describe() {
         Unit::Seconds,
         "How long the oldest WAL the relay's replication slot has not confirmed has waited, at least, as this instance's readings saw it (feature `wal`)."
     );
+    describe_gauge!(
+        "outbox_wal_streaming",
+        "1 while this instance streams the relay's replication slot, 0 while it stands by (feature `wal`)."
+    );
     describe_counter!(
         "outbox_wal_slot_recreated_total",
         Unit::Count,

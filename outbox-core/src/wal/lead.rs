@@ -56,6 +56,23 @@ pub(super) enum LeadError {
     TimedOut(&'static str),
 }
 
+/// `outbox_wal_streaming` at 1 while it lives: which instance streams the slot, for an
+/// operator (and a test) to tell without reading the server's backends.
+struct StreamingGauge;
+
+impl StreamingGauge {
+    fn on() -> Self {
+        metrics::gauge!("outbox_wal_streaming").set(1.0);
+        Self
+    }
+}
+
+impl Drop for StreamingGauge {
+    fn drop(&mut self) {
+        metrics::gauge!("outbox_wal_streaming").set(0.0);
+    }
+}
+
 /// How a turn ended, for the caller's backoff.
 pub(super) enum Turn {
     /// Another instance holds the lock, or `shutdown` came.
@@ -124,6 +141,7 @@ impl WalWakeup {
                 Ok(Ok(())) => {
                     *started = true;
                     tracing::info!(slot = %self.slot, "streaming the outbox's commits");
+                    let _streaming = StreamingGauge::on();
                     self.stream(&mut client, conn, shutdown).await
                 }
             },

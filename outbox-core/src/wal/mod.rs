@@ -169,6 +169,7 @@ impl WalWakeup {
     pub async fn run(self, pool: PgPool, shutdown: CancellationToken) -> Result<(), WalError> {
         // From its start, at zero, for `increase()` to see the first one.
         metrics::counter!("outbox_wal_slot_recreated_total").increment(0);
+        metrics::gauge!("outbox_wal_streaming").set(0.0);
         let mut failures = 0;
         loop {
             let checked = tokio::select! {
