@@ -82,7 +82,7 @@ pub(super) async fn record_check(
            DO UPDATE SET message_id = EXCLUDED.message_id, checked_at = now()"#,
         stream,
         created,
-        i64::try_from(seq).unwrap_or(i64::MAX),
+        seq_bound(seq),
         message_id,
     )
     .execute(conn)
@@ -146,9 +146,9 @@ fn seq_bound(seq: u64) -> i64 {
     i64::try_from(seq).unwrap_or(i64::MAX)
 }
 
-/// Notes in the scan's table of events above the read the events `lost` names but for one
-/// acknowledged above its `through`, which the scan read to: such an event may have been stored
-/// after the stream's state was read. Whether there was any.
+/// Notes, in the scan's table `outbox_repair_above`, the events `lost` would name but for
+/// being acknowledged above its `through`, which the scan read to: such an event may have
+/// been stored after the stream's state was read. Whether there was any.
 pub(super) async fn note_above(conn: &mut PgConnection, lost: &Lost) -> sqlx::Result<bool> {
     // Not checked at compile time: it writes the scan's temporary table.
     let noted: i64 = sqlx::query_scalar(
