@@ -15,25 +15,30 @@
 //! a time (`TRUNCATE`) rather than row by row; records of other keys share one partition aged
 //! out row by row. Records of the crate's earlier versions, in tables `inbox_records` and
 //! `inbox`, are still read until they age out.
+//!
+//! Modules: `consume` (the simplest loop), `message` (a message's id, headers and body as the
+//! inbox keeps them), `dead` (dead letters: kept, listed, replayed, skipped), `error` (why
+//! nothing committed) and `storage` (the records' SQL).
 
 mod consume;
+mod dead;
+mod error;
 mod message;
-mod replay;
 pub(crate) mod storage;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU16, Ordering};
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
 use futures::future::BoxFuture;
 use serde::Serialize;
 use sha2::{Digest as _, Sha256};
 use sqlx::{PgConnection, PgPool};
 
 pub use consume::{ConsumeConfig, ConsumeError, consume};
+pub use dead::{DeadLetter, DeadLetterFilter, HeldDeadLetter, NewDeadLetter};
+pub use error::{BatchError, InboxError, refused_for_good};
 pub use message::{Body, message_id};
-pub use replay::HeldDeadLetter;
 
 /// What happened to a message.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -69,65 +74,6 @@ impl Digest {
     pub fn as_bytes(&self) -> &[u8; 32] {
         &self.0
     }
-}
-
-/// Why [`Inbox::process`] did not commit.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum InboxError<E> {
-    /// The effect failed; nothing was recorded.
-    #[error("message effect failed")]
-    Effect(#[source] E),
-    /// The inbox's own statements or the commit failed; nothing was recorded.
-    #[error("inbox database error")]
-    Database(#[from] sqlx::Error),
-}
-
-impl InboxError<sqlx::Error> {
-    /// The SQLSTATE when PostgreSQL refused the message's data, in the effect or in the inbox's
-    /// own statements ([`refused_for_good`]).
-    pub fn refused_for_good(&self) -> Option<std::borrow::Cow<'_, str>> {
-        let (Self::Effect(error) | Self::Database(error)) = self;
-        refused_for_good(error)
-    }
-}
-
-impl BatchError<sqlx::Error> {
-    /// The SQLSTATE when PostgreSQL refused a message's data, in its effect or in the inbox's
-    /// own statements ([`refused_for_good`]).
-    pub fn refused_for_good(&self) -> Option<std::borrow::Cow<'_, str>> {
-        let (Self::Effect { error, .. } | Self::Database(error)) = self;
-        refused_for_good(error)
-    }
-}
-
-/// The SQLSTATE of `error` when PostgreSQL refused a statement for the data it was given, which
-/// no delivery again can change: class 22 (data exception: a value it cannot store, such as a
-/// NUL byte in text or an out-of-range number) and class 54 (program limit exceeded: a value
-/// too large for an index row). Keep such a message as a dead letter ([`Inbox::dead_letter`]).
-/// Any other error (a lost connection, a serialisation failure, a deadlock, a full disk, a
-/// privilege an operator can grant) may pass: deliver the message again.
-pub fn refused_for_good(error: &sqlx::Error) -> Option<std::borrow::Cow<'_, str>> {
-    let code = error.as_database_error()?.code()?;
-    (code.starts_with("22") || code.starts_with("54")).then_some(code)
-}
-
-/// Why [`Inbox::process_batch`] did not commit.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum BatchError<E> {
-    /// The effect of `batch[index]` failed; nothing of the batch was recorded.
-    #[error("the effect of message {index} of the batch failed")]
-    Effect {
-        /// The failed message's place in the batch.
-        index: usize,
-        /// What the effect returned.
-        #[source]
-        error: E,
-    },
-    /// The inbox's own statements or the commit failed; nothing was recorded.
-    #[error("inbox database error")]
-    Database(#[from] sqlx::Error),
 }
 
 /// What the effect of [`Inbox::process_batch_together`] returns: a value per message, or the
@@ -183,160 +129,6 @@ pub struct InboxStats {
     pub dead: i64,
     /// False when `dead` reached 10,000 and so means "at least 10,000".
     pub exact: bool,
-}
-
-/// A message kept because it could not be parsed or applied.
-#[derive(Debug, Clone, Serialize)]
-#[non_exhaustive]
-#[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
-#[serde(rename_all = "camelCase")]
-pub struct DeadLetter {
-    /// Dead letter id.
-    pub id: i64,
-    /// The message id, when the message had one.
-    pub message_id: Option<String>,
-    /// The NATS subject it arrived on.
-    pub subject: String,
-    /// Its headers, as a JSON object of arrays.
-    pub headers: serde_json::Value,
-    /// Its body (not serialized: a listing stays small whatever the bodies; [`Body::of`] shows
-    /// one).
-    #[serde(skip)]
-    pub payload: Vec<u8>,
-    /// Why it was dead-lettered.
-    pub error: String,
-    /// The kind of that error the consumer gave ([`NewDeadLetter::error_class`]), if any.
-    pub error_class: Option<String>,
-    /// How many times the broker had delivered it.
-    pub deliveries: i64,
-    /// When it was dead-lettered.
-    pub created_at: DateTime<Utc>,
-}
-
-impl DeadLetter {
-    /// Its headers as the message carried them, e.g. to apply it again.
-    pub fn header_map(&self) -> async_nats::HeaderMap {
-        message::headers_from_json(&self.headers)
-    }
-}
-
-/// A message to keep as a dead letter: [`NewDeadLetter::new`], then the fields known.
-#[derive(Debug, Clone)]
-#[non_exhaustive]
-pub struct NewDeadLetter<'a> {
-    /// The message id, when the message had one.
-    pub message_id: Option<&'a str>,
-    /// The NATS subject.
-    pub subject: &'a str,
-    /// Headers as a JSON object of arrays.
-    pub headers: serde_json::Value,
-    /// The body.
-    pub payload: &'a [u8],
-    /// Why it cannot be applied.
-    pub error: &'a str,
-    /// The kind of that error: a stable name, the same for every letter failing the same way
-    /// (`invalid-payload`), which operators filter and group dead letters by.
-    pub error_class: Option<&'a str>,
-    /// Delivery count reported by the broker.
-    pub deliveries: i64,
-}
-
-impl<'a> NewDeadLetter<'a> {
-    /// The message on `subject` with `payload`, kept because of `error`; no id, no headers,
-    /// no delivery count.
-    pub fn new(subject: &'a str, payload: &'a [u8], error: &'a str) -> Self {
-        Self {
-            message_id: None,
-            subject,
-            headers: serde_json::Value::Object(serde_json::Map::new()),
-            payload,
-            error,
-            error_class: None,
-            deliveries: 0,
-        }
-    }
-
-    /// JetStream message `message`, kept because of `error`: its subject, body and headers,
-    /// its delivery count (0 if the message carries no JetStream metadata), and its `ce-id` as
-    /// the id when it is valid ([`message_id`]; an invalid one stays in the headers).
-    pub fn of_message(message: &'a async_nats::jetstream::Message, error: &'a str) -> Self {
-        Self {
-            message_id: message_id(message),
-            subject: &message.subject,
-            headers: message.headers.as_ref().map_or_else(
-                || serde_json::Value::Object(serde_json::Map::new()),
-                message::headers_json,
-            ),
-            payload: &message.payload,
-            error,
-            error_class: None,
-            deliveries: message.info().map_or(0, |info| info.delivered),
-        }
-    }
-
-    /// The same letter, its error of kind `class` ([`NewDeadLetter::error_class`]); an empty
-    /// `class` is none.
-    #[must_use]
-    pub fn with_error_class(mut self, class: &'a str) -> Self {
-        self.error_class = Some(class).filter(|class| !class.is_empty());
-        self
-    }
-}
-
-/// Which open dead letters a listing or a bulk action takes: those matching every filter set,
-/// all of them when none is.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct DeadLetterFilter {
-    /// Only letters whose (first) `ce-type` header is this.
-    pub event_type: Option<String>,
-    /// Only letters whose error contains this text.
-    pub error_contains: Option<String>,
-    /// Only letters whose error is of this kind ([`NewDeadLetter::error_class`]).
-    pub error_class: Option<String>,
-    /// Only letters dead-lettered at or after this time.
-    pub since: Option<DateTime<Utc>>,
-    /// Only letters dead-lettered before this time.
-    pub until: Option<DateTime<Utc>>,
-}
-
-impl DeadLetterFilter {
-    /// Every open dead letter.
-    pub fn all() -> Self {
-        Self::default()
-    }
-
-    /// Only letters whose `ce-type` header is `event_type`.
-    #[must_use]
-    pub fn event_type(mut self, event_type: impl Into<String>) -> Self {
-        self.event_type = Some(event_type.into());
-        self
-    }
-
-    /// Only letters whose error contains `text`.
-    #[must_use]
-    pub fn error_contains(mut self, text: impl Into<String>) -> Self {
-        self.error_contains = Some(text.into());
-        self
-    }
-
-    /// Only letters whose error is of kind `class`.
-    #[must_use]
-    pub fn error_class(mut self, class: impl Into<String>) -> Self {
-        self.error_class = Some(class.into());
-        self
-    }
-
-    /// Only letters dead-lettered in `[since, until)`; either end may be open.
-    #[must_use]
-    pub fn dead_lettered(
-        mut self,
-        since: Option<DateTime<Utc>>,
-        until: Option<DateTime<Utc>>,
-    ) -> Self {
-        (self.since, self.until) = (since, until);
-        self
-    }
 }
 
 /// The inbox of one consumer.
@@ -511,106 +303,6 @@ impl Inbox {
         Ok(found.is_some_and(|recorded| {
             recorded.is_none_or(|recorded| recorded.as_slice() == digest.as_bytes())
         }))
-    }
-
-    /// Keeps a message that cannot be parsed or applied, and returns the dead letter's id.
-    ///
-    /// A redelivery (`deliveries` above 1) of a message this consumer holds an open letter of,
-    /// alike in subject, headers, body and id, keeps no second letter: its acknowledgement was
-    /// lost or came too late, and the open letter's id is returned.
-    pub async fn dead_letter(&self, letter: NewDeadLetter<'_>) -> sqlx::Result<i64> {
-        let (id, new) = storage::insert_dead(&self.pool, &self.consumer, &letter, false)
-            .await?
-            .ok_or(sqlx::Error::RowNotFound)?;
-        if new {
-            metrics::counter!("inbox_dead_letters_total").increment(1);
-        }
-        Ok(id)
-    }
-
-    /// [`Inbox::dead_letter`], unless this consumer kept a letter with the same message id
-    /// before (open or closed): then `None`. Two calls at the same moment may both keep one.
-    pub async fn dead_letter_once(&self, letter: NewDeadLetter<'_>) -> sqlx::Result<Option<i64>> {
-        let kept = storage::insert_dead(&self.pool, &self.consumer, &letter, true).await?;
-        let id = kept.filter(|&(_, new)| new).map(|(id, _)| id);
-        if id.is_some() {
-            metrics::counter!("inbox_dead_letters_total").increment(1);
-        }
-        Ok(id)
-    }
-
-    /// Lists open dead letters matching `filter`, after `after_id`, at most `limit`.
-    pub async fn dead(
-        &self,
-        filter: &DeadLetterFilter,
-        after_id: i64,
-        limit: i64,
-    ) -> sqlx::Result<Vec<DeadLetter>> {
-        storage::dead(&self.pool, &self.consumer, filter, after_id, limit).await
-    }
-
-    /// Open dead letters grouped by `ce-type` and error, the largest groups first, at most
-    /// `limit` groups of the first [`crate::groups::GROUPS_READ_LIMIT`] open letters.
-    pub async fn dead_groups(&self, limit: i64) -> sqlx::Result<Vec<crate::groups::DeadGroup>> {
-        storage::dead_groups(
-            &self.pool,
-            &self.consumer,
-            crate::groups::GROUPS_READ_LIMIT,
-            limit,
-        )
-        .await
-    }
-
-    /// Reads an open dead letter, to replay it.
-    pub async fn dead_letter_by_id(&self, id: i64) -> sqlx::Result<Option<DeadLetter>> {
-        storage::find_dead(&self.pool, &self.consumer, id).await
-    }
-
-    /// Closes a dead letter once its replay succeeded; false if it was not open. A skip can
-    /// come between the replay and this: a replay through [`Inbox::hold_dead_letter`], closed
-    /// with [`HeldDeadLetter::close`] instead, keeps it out.
-    pub async fn close_dead_letter(&self, id: i64) -> sqlx::Result<bool> {
-        let filter = DeadLetterFilter::all();
-        Ok(
-            storage::close_dead(&self.pool, &self.consumer, Some(id), &filter, "applied").await?
-                == 1,
-        )
-    }
-
-    /// Gives up on a dead letter without applying it: it stays recorded as skipped; false if
-    /// it was not open.
-    pub async fn skip_dead_letter(&self, id: i64) -> sqlx::Result<bool> {
-        self.skip_dead_letter_in(&mut *self.pool.acquire().await?, id)
-            .await
-    }
-
-    /// [`Inbox::skip_dead_letter`] on `conn`, the caller's transaction (`&mut *tx`) for
-    /// example: the skip commits with whatever else it writes (an audit row).
-    pub async fn skip_dead_letter_in(
-        &self,
-        conn: &mut PgConnection,
-        id: i64,
-    ) -> sqlx::Result<bool> {
-        let filter = DeadLetterFilter::all();
-        let closed =
-            storage::close_dead(conn, &self.consumer, Some(id), &filter, "skipped").await?;
-        Ok(closed == 1)
-    }
-
-    /// [`Inbox::skip_dead_letter`] for every open dead letter matching `filter`, in one
-    /// statement; returns how many there were. Safe to repeat, and beside a running consumer.
-    pub async fn skip_dead_letters(&self, filter: &DeadLetterFilter) -> sqlx::Result<u64> {
-        self.skip_dead_letters_in(&mut *self.pool.acquire().await?, filter)
-            .await
-    }
-
-    /// [`Inbox::skip_dead_letters`] on `conn`, as [`Inbox::skip_dead_letter_in`].
-    pub async fn skip_dead_letters_in(
-        &self,
-        conn: &mut PgConnection,
-        filter: &DeadLetterFilter,
-    ) -> sqlx::Result<u64> {
-        storage::close_dead(conn, &self.consumer, None, filter, "skipped").await
     }
 
     /// Reads the current [`InboxStats`].

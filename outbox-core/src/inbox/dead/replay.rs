@@ -3,7 +3,8 @@
 
 use sqlx::{PgConnection, Postgres, Transaction};
 
-use super::{DeadLetter, Inbox, storage};
+use super::{DeadLetter, storage};
+use crate::inbox::Inbox;
 
 /// An open dead letter held for a replay: until it is closed or dropped, a skip of it (one or
 /// in bulk) waits, and then finds it closed if the replay applied it.
