@@ -395,7 +395,7 @@ async fn notified(listener: &mut Option<PgListener>) {
 }
 
 /// Resolves when code of this process committed events since the last call; never without a
-/// [`Wakeup`], or once every handle of it is gone.
+/// [`Wakeup`](crate::Wakeup), or once every handle of it is gone.
 async fn committed(woken: &mut Option<watch::Receiver<u64>>) {
     let Some(receiver) = woken else {
         return std::future::pending().await;
