@@ -30,6 +30,9 @@ struct App(PgPool, Wakeup); // the handler's state: its pool, and the relay's wa
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt::init();
+    // This workspace builds the example with the `wal` feature, whose second TLS backend
+    // leaves rustls to be told which to use before a `tls://` NATS_URL connects.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let pool = PgPool::connect(&std::env::var("DATABASE_URL")?).await?;
     let nats = async_nats::connect(std::env::var("NATS_URL")?).await?;
     let listener = TcpListener::bind("127.0.0.1:3000").await?;

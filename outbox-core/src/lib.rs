@@ -13,7 +13,7 @@
 //!
 //! Modules:
 //! - [`event`]: the event a caller enqueues, and the rules its names follow;
-//! - [`outbox`]: [`enqueue`] in the caller's transaction, stats, dead letters and cleanup;
+//! - [`outbox`]: [`enqueue`] in the caller's transaction, stats, dead events and cleanup;
 //! - [`relay`]: the background task that claims pending rows, publishes them and moves them to
 //!   `outbox_published`; its module doc names every mechanism that keeps each aggregate's
 //!   events in order, and its `storage` holds the relay's SQL (the claim among it);
@@ -21,6 +21,8 @@
 //! - [`publisher`]: the [`Publisher`] trait and its JetStream implementation, stream set-up;
 //! - [`inbox`]: at-most-once effects per consumer, stats, dead letters and cleanup;
 //! - [`groups`]: dead events and dead letters grouped by cause;
+//! - [`error`]: each operation's error type, and [`Error`] gathering the set-up and producer
+//!   ones;
 //! - [`cleanup`]: the background task that ages out published events and inbox records after
 //!   their retention, emptying partitions whole;
 //! - [`backoff`]: exponential backoff with jitter for failed publishes;

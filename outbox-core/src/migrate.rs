@@ -1,8 +1,10 @@
 //! The tables this crate needs, as sqlx migrators.
 //!
-//! They are tracked in the application's `_sqlx_migrations` table next to its own migrations,
-//! with versions that do not collide with timestamped application migrations. Both migrators
-//! ignore migrations they do not know, so they can share the table with the application's.
+//! They are tracked in the application's `_sqlx_migrations` table next to its own migrations;
+//! their versions are timestamps, as `sqlx migrate add` makes. [`outbox`], [`inbox`] and [`run`]
+//! ignore migrations they do not know, so they can share the table with the application's; the
+//! migrators themselves ([`outbox_migrations`], [`inbox_migrations`]) are sqlx's own, which
+//! refuse a table holding others (`VersionMissing`) unless told to ignore them.
 //!
 //! A service that runs as a least-privileged role cannot apply migrations (it may not create
 //! tables); the owner applies them, and the service only [`verify`]s at start-up that its

@@ -315,8 +315,8 @@ pub struct StreamSpec {
 
 impl StreamSpec {
     /// The stream `name` capturing `subjects`, one replica, a duplicate window of two minutes
-    /// (JetStream's default), messages kept seven days (a consumer's default inbox retention)
-    /// with no limit of bytes.
+    /// (JetStream's default), messages kept seven days (match it to the consumers' inbox
+    /// retention) with no limit of bytes.
     pub fn new(name: impl Into<String>, subjects: Vec<String>) -> Self {
         Self {
             name: name.into(),

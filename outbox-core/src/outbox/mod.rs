@@ -1,4 +1,4 @@
-//! The producer side: [`enqueue`] in the caller's transaction, stats, dead letters and cleanup.
+//! The producer side: [`enqueue`] in the caller's transaction, stats, dead events and cleanup.
 
 mod estimate;
 pub(crate) mod storage;
