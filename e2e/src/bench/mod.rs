@@ -28,6 +28,7 @@
 //! databases and stream.
 
 pub mod billing;
+mod charts;
 pub mod cost;
 pub mod drain;
 pub mod filled;
