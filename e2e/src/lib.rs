@@ -62,7 +62,6 @@ impl Names {
         let mut config = orders_service::Config::from_env().expect("orders config");
         testing::point_at(&mut config.common, &self.orders_db, &self.stream);
         config.relay.subject_prefix.clone_from(&self.prefix);
-        config.relay.poll_interval = Duration::from_millis(20);
         config
     }
 
@@ -70,6 +69,9 @@ impl Names {
     pub fn billing_config(&self) -> billing_service::Config {
         let mut config = billing_service::Config::from_env().expect("billing config");
         testing::point_at(&mut config.common, &self.billing_db, &self.stream);
+        // A message that cannot apply yet (its order's earlier event not applied) is retried
+        // every 100 ms rather than every second, so that it applies soon after the event it
+        // waits for; it is also dead-lettered ten times sooner, which is stricter, not looser.
         config.consumer.retry_delay = Duration::from_millis(100);
         config
     }
