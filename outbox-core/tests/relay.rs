@@ -145,11 +145,19 @@ async fn always_failing_event_becomes_dead_and_cleanup_keeps_it(pool: PgPool) {
     config.max_attempts = 3;
     let relay = Relay::new(pool.clone(), publisher, config);
 
-    let mut dead = 0;
-    for _ in 0..3 {
-        dead += relay.run_once().await.unwrap().dead;
-    }
-    assert_eq!(dead, 1);
+    // A failed event is not due again for a moment (the backoff): passes until it is dead.
+    let dead = &std::cell::Cell::new(0);
+    let relay = &relay;
+    eventually(
+        "the doomed event dead",
+        Duration::from_secs(10),
+        || async move {
+            dead.set(dead.get() + relay.run_once().await.unwrap().dead);
+            (dead.get() > 0).then_some(())
+        },
+    )
+    .await;
+    assert_eq!(dead.get(), 1);
     let stats = outbox::stats(&pool).await.unwrap();
     assert_eq!((stats.pending, stats.dead), (0, 1), "{stats:?}");
     let dead_rows = outbox::dead(&pool, &DeadFilter::all(), 0, 10)
@@ -206,16 +214,25 @@ async fn an_outage_never_makes_an_event_dead(pool: PgPool) {
     assert_eq!(config.max_attempts, 10, "the default");
     let relay = Relay::new(pool.clone(), publisher, config);
 
-    let (mut dead, mut failed, mut published) = (0, 0, 0);
-    for _ in 0..31 {
-        let report = relay.run_once().await.unwrap();
-        (dead, failed, published) = (
-            dead + report.dead,
-            failed + report.failed,
-            published + report.published,
-        );
-    }
-    assert_eq!((dead, failed, published), (0, 30, 1));
+    // A failed event is not due again for a moment (the backoff): passes until it is out.
+    let totals = &std::cell::Cell::new((0, 0, 0));
+    let relay = &relay;
+    eventually(
+        "the event published",
+        Duration::from_secs(20),
+        || async move {
+            let report = relay.run_once().await.unwrap();
+            let (dead, failed, published) = totals.get();
+            totals.set((
+                dead + report.dead,
+                failed + report.failed,
+                published + report.published,
+            ));
+            (totals.get().2 > 0).then_some(())
+        },
+    )
+    .await;
+    assert_eq!(totals.get(), (0, 30, 1));
     let attempts: i32 = sqlx::query_scalar("SELECT attempts FROM outbox_events")
         .fetch_one(&pool)
         .await

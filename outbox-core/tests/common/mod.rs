@@ -70,10 +70,14 @@ impl TestStream {
         JetStreamPublisher::new(self.jetstream.clone())
     }
 
-    /// Relay settings for this stream with fast retries.
+    /// Relay settings for this stream: the defaults but for the pauses after a failure, a few
+    /// milliseconds instead of the defaults' 100 ms growing to a minute (or five seconds while
+    /// the broker is unreachable), so that tests injecting dozens of faults take seconds. They
+    /// are kept above zero: a failed event is then not due for a moment, as with the defaults,
+    /// and the claim's barrier behind an event not yet due is met.
     pub fn relay_config(&self) -> RelayConfig {
         let mut config = RelayConfig::new(&self.prefix, "/test");
-        config.backoff = Backoff::new(Duration::ZERO, Duration::ZERO);
+        config.backoff = Backoff::new(Duration::from_millis(2), Duration::from_millis(20));
         config.unreachable_backoff = config.backoff;
         config
     }
