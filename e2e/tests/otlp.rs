@@ -65,6 +65,7 @@ async fn spans_are_exported_as_one_trace_from_the_post_to_the_invoice() {
     for service in cluster.orders.iter_mut().chain(cluster.billing.iter_mut()) {
         service.set_env("OTEL_EXPORTER_OTLP_ENDPOINT", Some(&collector));
         service.set_env("OTEL_EXPORTER_OTLP_PROTOCOL", Some("http/json"));
+        // Spans leave in batches every 100 ms rather than 5 s: the wait is for the trace.
         service.set_env("OTEL_BSP_SCHEDULE_DELAY", Some("100"));
         // Spans are exported whatever the log level: the harness runs at RUST_LOG=warn.
         service.kill().await;

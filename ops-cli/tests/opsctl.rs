@@ -67,6 +67,7 @@ async fn opsctl_lists_shows_and_acts_on_dead_events() {
     let mut config = names.orders_config();
     config.common.admin_token = Some(ADMIN.into());
     config.common.read_token = Some(READ.into());
+    // No relay: it would publish the events before they are made dead below.
     config.relay_enabled = false;
     let orders = RunningApp::orders(config).await;
     let client = reqwest::Client::new();

@@ -67,9 +67,9 @@ impl TestApp {
             .unwrap()
     }
 
-    /// An app with the admin token `s3cret` and the read-only token `r34d`, no relay, and two
-    /// orders whose events were made dead by hand, the first failing with `boom`, the second
-    /// with the broker's refusal.
+    /// An app with the admin token `s3cret` and the read-only token `r34d`, no relay (it would
+    /// publish the events before they are made dead), and two orders whose events were made
+    /// dead by hand, the first failing with `boom`, the second with the broker's refusal.
     async fn with_two_dead_events() -> (Self, Vec<uuid::Uuid>) {
         let app = Self::spawn_with(|config| {
             config.common.admin_token = Some("s3cret".into());
@@ -647,6 +647,8 @@ async fn an_action_the_audit_log_cannot_record_is_not_taken() {
 async fn overload_is_answered_503_at_once_not_queued() {
     let app = TestApp::spawn_with(|config| {
         config.common.http_max_concurrency = 1;
+        // The stuck request is cut off after 3 s rather than the default 10: the timeout's
+        // answer is what is tested, not its length.
         config.common.http_timeout = std::time::Duration::from_secs(3);
     })
     .await;
@@ -683,12 +685,8 @@ async fn overload_is_answered_503_at_once_not_queued() {
 /// OpenAPI document says, never 500.
 #[tokio::test]
 async fn a_pool_with_no_free_connection_answers_503() {
-    // A pool of one, so that the test can hold all of it; no relay to take it back.
-    let app = TestApp::spawn_with(|config| {
-        config.common.database_max_connections = 1;
-        config.relay_enabled = false;
-    })
-    .await;
+    // A pool of one, so that the test can hold all of it (the relay's connections are its own).
+    let app = TestApp::spawn_with(|config| config.common.database_max_connections = 1).await;
     let held = app.pool.acquire().await.unwrap();
     let response = app
         .post(
@@ -760,6 +758,7 @@ async fn a_named_token_acts_under_its_name_and_a_named_reader_cannot_act() {
     let app = TestApp::spawn_with(|config| {
         config.common.admin_token = Some("s3cret".into());
         config.common.ops_tokens_file = Some(service_kit::config::OpsTokensFile { path, tokens });
+        // No relay: it would publish the events before they are made dead below.
         config.relay_enabled = false;
     })
     .await;

@@ -34,6 +34,8 @@ async fn an_idle_relay_notices_the_broker_is_back(pool: PgPool) {
     enqueue(&pool, "o1", "OrderPlaced", json!({})).await;
 
     let mut config = stream.relay_config();
+    // A fixed pause while the broker is unreachable, so that the test does not wait for the
+    // default's growth to five seconds between the checks it counts.
     config.unreachable_backoff = Backoff::new(Duration::from_millis(50), Duration::from_millis(50));
     // Every publish of A's, of this one event, finds the broker unreachable.
     let unreachable = FaultyPublisher::new(stream.publisher())

@@ -142,6 +142,7 @@ async fn always_failing_event_becomes_dead_and_cleanup_keeps_it(pool: PgPool) {
     enqueue(&pool, "fine", "OrderPlaced", json!({})).await;
     let publisher = FaultyPublisher::new(stream.publisher()).failing_forever("doomed");
     let mut config = stream.relay_config();
+    // Dead after three refusals rather than the default ten: the count is what is tested.
     config.max_attempts = 3;
     let relay = Relay::new(pool.clone(), publisher, config);
 
@@ -252,6 +253,7 @@ async fn dead_head_parks_its_aggregate(pool: PgPool) {
     enqueue(&pool, "o1", "OrderPlaced", json!({})).await;
     let publisher = FaultyPublisher::new(stream.publisher()).failing_forever("o1");
     let mut config = stream.relay_config();
+    // Dead at the first refusal, in one pass: what follows a dead event is under test.
     config.max_attempts = 1;
     let relay = Relay::new(pool.clone(), publisher, config.clone());
     assert_eq!(relay.run_once().await.unwrap().dead, 1);
@@ -353,6 +355,7 @@ async fn skipped_dead_head_releases_its_aggregate(pool: PgPool) {
     enqueue(&pool, "o1", "OrderPlaced", json!({})).await;
     enqueue(&pool, "o1", "OrderPaid", json!({})).await;
     let mut config = stream.relay_config();
+    // Dead at the first refusal, in one pass: what follows a dead event is under test.
     config.max_attempts = 1;
     let failing =
         FaultyPublisher::new(stream.publisher()).with_aggregate_faults("o1", [Fault::Before]);
@@ -407,6 +410,7 @@ async fn bulk_actions_take_the_dead_events_their_filter_matches(pool: PgPool) {
         tx.commit().await.unwrap();
     }
     let mut config = stream.relay_config();
+    // Dead at the first refusal, in one pass: what follows a dead event is under test.
     config.max_attempts = 1;
     let publisher =
         FaultyPublisher::new(stream.publisher()).with_aggregate_faults("c1", [Fault::Before]);
@@ -669,6 +673,9 @@ async fn four_relays_with_random_failures_keep_per_aggregate_order(pool: PgPool)
     }
     let in_flight = Arc::new(Mutex::new(InFlight::default()));
     let mut config = stream.relay_config();
+    // Batches of 50, so that the thousand events take many passes of four relays; refusals
+    // never make an event dead, which would park its aggregate (tested on its own), so that
+    // every event is published and the order of all of them is checked.
     config.batch_size = 50;
     config.max_attempts = 1000;
     config.backoff = Backoff::new(Duration::from_millis(1), Duration::from_millis(20));
@@ -753,11 +760,13 @@ async fn one_failing_aggregate_does_not_stop_the_others(pool: PgPool) {
         enqueue(&pool, &format!("o{i}"), "OrderPlaced", json!({})).await;
     }
     let mut config = stream.relay_config();
+    // A batch smaller than the stuck aggregate's backlog; its head never dead (which would
+    // park it and end the contest this test is about).
     config.batch_size = 500;
     config.max_attempts = 1000;
     let publisher = FaultyPublisher::new(stream.publisher()).failing_forever("stuck");
     let relay = Relay::new(pool.clone(), publisher, config);
-    // Every pass retries the stuck head at once (no backoff) and still makes progress.
+    // Every pass retries the stuck head when it is due and still makes progress.
     for _ in 0..3 {
         relay.run_once().await.unwrap();
     }

@@ -107,6 +107,7 @@ async fn messages_lost_from_the_streams_tail_are_published_again(pool: PgPool) {
 async fn a_deleted_stream_is_made_again_with_what_it_held(pool: PgPool) {
     migrate(&pool).await;
     let stream = TestStream::new().await;
+    // Light checks every 100 ms instead of 10 s: the deletion is found within the test's wait.
     let repair = StreamRepair::new(stream.jetstream.clone(), stream.spec())
         .every(Duration::from_millis(100));
     let relay =

@@ -55,7 +55,8 @@ fn wal_wakeup(
     run(quick_wal_wakeup(pool, slot, wakeup), pool, shutdown)
 }
 
-/// A wake-up of `slot` for `wakeup`, retrying quickly.
+/// A wake-up of `slot` for `wakeup`, retrying every 100 ms instead of every second, so that the
+/// tests' many starts and takeovers stay quick; e2e's `wal_wakeup` takes over with the default.
 fn quick_wal_wakeup(pool: &PgPool, slot: &str, wakeup: &Wakeup) -> WalWakeup {
     WalWakeup::new(&url_of(pool), slot, wakeup)
         .expect("a good URL")

@@ -76,6 +76,7 @@ impl Service {
             .open(&self.log)
             .expect("log file");
         let child = Command::new(binary(self.kind.name()))
+            // JSON lines, which e2e/tests/tracing.rs reads back field by field.
             .env("LOG_FORMAT", "json")
             // Warnings and errors only: a line per request and per message (the default, `info`)
             // would fill the log files of long runs. Interleaved benchmark runs at both levels
