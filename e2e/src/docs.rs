@@ -86,7 +86,8 @@ pub fn configuration() -> String {
          [operations.md](operations.md). The defaults below are the binaries'; the demo \
          image (`Dockerfile`) sets `LOG_FORMAT=json`. Left out, as no setting: \
          `FAILPOINT_CRASH_AFTER_COMMITS`, a crash point of billing-service's end-to-end tests \
-         (leave it unset; a process started with it warns that it will abort). `opsctl` reads `OPS_URL` and `OPS_TOKEN` \
+         (leave it unset; a process started with it warns that it will abort). \
+         `opsctl` reads `OPS_URL` and `OPS_TOKEN` \
          (`opsctl --help`).\n\n\
          Generated from the services' own definitions by `cargo run -p e2e --bin docs`; \
          `e2e/tests/docs.rs` fails when this page differs from what it writes.\n",

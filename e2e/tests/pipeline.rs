@@ -35,7 +35,8 @@ async fn twenty_orders_survive_broker_faults_and_lost_acks() {
     let publisher =
         FaultyPublisher::new(JetStreamPublisher::new(jetstream.clone())).with_faults(faults);
     let mut relay_config = config.relay.clone();
-    // The faults are under test, not the pauses after them (the default's first is 100 ms).
+    // The refusals' pauses are shortened (the default's first is 100 ms): the faults are under
+    // test, not the pauses; the lost acknowledgements keep the default's.
     relay_config.backoff = Backoff::new(Duration::from_millis(1), Duration::from_millis(5));
     let relay = Relay::new(pool.clone(), publisher, relay_config);
 

@@ -21,8 +21,8 @@
 //! - [`publisher`]: the [`Publisher`] trait and its JetStream implementation, stream set-up;
 //! - [`inbox`]: at-most-once effects per consumer, stats, dead letters and cleanup;
 //! - [`groups`]: dead events and dead letters grouped by cause;
-//! - [`error`]: each operation's error type, and [`Error`] gathering the set-up and producer
-//!   ones;
+//! - [`error`]: the set-up, producer and publisher errors, and [`Error`] gathering the set-up
+//!   and producer ones (the inbox's, the consumer's and the repair's are in their modules);
 //! - [`cleanup`]: the background task that ages out published events and inbox records after
 //!   their retention, emptying partitions whole;
 //! - [`backoff`]: exponential backoff with jitter for failed publishes;

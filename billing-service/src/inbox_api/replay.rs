@@ -174,7 +174,8 @@ pub(super) async fn retry(
         let target = format!("dead letter {id}");
         let recorded = audit::record(&state.pool, &admin.name, "replay", &target, 0).await;
         if let Err(error) = recorded.map(audit::Recorded::committed) {
-            tracing::error!(error = %error, target, "a replay that applied nothing is not in the audit log");
+            tracing::error!(error = %error, target,
+                "a replay that applied nothing is not in the audit log");
         }
     }
     match verdict {

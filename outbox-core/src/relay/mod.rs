@@ -123,8 +123,8 @@ pub struct RelayConfig {
     /// for the claim's transaction only), so a relay cut off from the database after a claim
     /// lets its rows go to the other relays within this time; a pass starts no new wave of
     /// publishes once half of it has gone (the rest stay pending for the next pass). Keep it
-    /// above four times the longest a wave can take (twice the publisher's timeout, sending
-    /// then acknowledgements, for each of its windows a batch fills).
+    /// above twice the longest a wave can take (two publish timeouts, sending then
+    /// acknowledgements, for each window a batch fills): four publish timeouts per window.
     pub lease: Duration,
 }
 

@@ -27,8 +27,8 @@
 //! but aged out.
 //!
 //! Modules: `scan` (reading the ids of a stream's messages), `remake` (finding the stream,
-//! creating it when gone), `damage` (a stream that returns none of its messages, deleted and
-//! made again) and `storage` (the SQL).
+//! creating it when gone, deleting and making again a damaged one), `damage` (judging a stream
+//! that returns none of its messages) and `storage` (the SQL).
 
 mod damage;
 mod remake;
