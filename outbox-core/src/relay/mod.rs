@@ -34,10 +34,11 @@
 //!    or relay, or not yet due) is claimed but marked `held_back` and let go unpublished.
 //! 3. **The `passed_over` premise** (`storage::claim`): `held_back` is computed only when the
 //!    claim passed over a pending row below its highest seq (locked by another pass or relay,
-//!    not yet due, or behind a dead or failing event). If it passed over none, every pending row below
-//!    its highest seq is in the claim, so every earlier unpublished event of a claimed row is
-//!    claimed too (a dead one excludes its followers through 2). Relies on the claim taking
-//!    rows in seq order from the lowest, so that what it skipped is all it left below.
+//!    not yet due, or behind a dead or failing event). If it passed over none, every pending
+//!    row below its highest seq is in the claim, so every earlier unpublished event of a
+//!    claimed row is claimed too (a dead one excludes its followers through 2). Relies on the
+//!    claim taking rows in seq order from the lowest, so that what it skipped is all it left
+//!    below.
 //! 4. **Waves** (`pass`): a pass publishes one event per aggregate per wave and awaits every
 //!    acknowledgement of a wave before the next, so a later event is sent only after the
 //!    broker stored the earlier one. Relies on the publisher's result per message
