@@ -148,8 +148,22 @@ impl Config {
 impl Settings {
     fn into_config(mut self) -> Result<Config, ConfigError> {
         self.common = self.common.without_empty();
+        let config = Config {
+            common: self.common,
+            consumer: self.consumer,
+            inbox_retention: self.inbox_retention,
+        };
+        config.check()?;
+        Ok(config)
+    }
+}
+
+impl Config {
+    /// The rules between settings, which reading them applies: also for a configuration
+    /// changed after it was read (a test's, a program's): `App::build` checks it.
+    pub fn check(&self) -> Result<(), ConfigError> {
         self.common.check()?;
-        let consumer = self.consumer;
+        let consumer = &self.consumer;
         ensure(
             "CONSUMER_ACK_WAIT_MS",
             consumer.ack_wait >= Duration::from_secs(1),
@@ -168,11 +182,6 @@ impl Settings {
                  CONSUMER_RETRY_DELAY_MS x CONSUMER_MAX_RETRIES ({} ms)",
                 horizon.as_millis()
             ),
-        )?;
-        Ok(Config {
-            common: self.common,
-            consumer,
-            inbox_retention: self.inbox_retention,
-        })
+        )
     }
 }

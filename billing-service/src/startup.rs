@@ -97,9 +97,11 @@ pub struct App {
 }
 
 impl App {
-    /// Connects (creating the database if missing), migrates, sets up the stream, binds, and
-    /// creates or updates the durable consumer.
+    /// Checks the configuration ([`Config::check`]), connects (creating the database if
+    /// missing), migrates, sets up the stream, binds, and creates or updates the durable
+    /// consumer.
     pub async fn build(config: Config) -> anyhow::Result<Self> {
+        config.check()?;
         service_kit::metrics::handle();
         inbox_api::describe_metrics();
         crate::failpoints::warn_if_armed();

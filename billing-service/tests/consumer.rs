@@ -1140,3 +1140,19 @@ async fn a_message_older_than_the_inbox_retention_is_not_applied() {
     assert_eq!(app.invoice("o-old").await, None);
     app.stop().await;
 }
+
+/// A configuration changed after it was read (by a test, or a program embedding the service)
+/// meets the same rules as one read from the environment: an inbox retention shorter than the
+/// broker's redeliveries is refused before anything starts, naming the variable.
+#[tokio::test]
+async fn a_configuration_changed_after_reading_is_checked() {
+    let mut config = Config::from_env().unwrap();
+    config.inbox_retention = config.consumer.ack_wait;
+    let Err(error) = App::build(config).await else {
+        panic!("an inbox retention of one ack wait was accepted");
+    };
+    assert!(
+        error.to_string().contains("INBOX_RETENTION_MS"),
+        "{error:#}"
+    );
+}

@@ -163,8 +163,6 @@ impl Config {
 impl Settings {
     fn into_config(mut self) -> Result<Config, ConfigError> {
         self.common = self.common.without_empty();
-        self.common.check()?;
-        self.stream.check(&self.common)?;
         let mut relay = RelayConfig::new(&self.common.subject_prefix, "/orders-service");
         relay.batch_size = self.relay_batch_size;
         relay.max_attempts = self.relay_max_attempts;
@@ -172,35 +170,7 @@ impl Settings {
         relay.backoff = Backoff::new(self.relay_backoff_base, self.relay_backoff_max);
         relay.lease = self.relay_lease;
         relay.delete_published = self.outbox_retention.is_zero();
-        ensure(
-            "OUTBOX_RETENTION_MS",
-            self.outbox_retention <= jetstream_outbox::outbox::MAX_RETENTION,
-            "must be at most 676800000 (188 hours: the ring of published events' partitions)",
-        )?;
-        ensure(
-            "NATS_PUBLISH_TIMEOUT_MS",
-            !self.nats_publish_timeout.is_zero(),
-            "must be positive",
-        )?;
-        // A pass starts waves for half the lease, and one wave takes up to a send and its
-        // acknowledgements (a timeout each) per publish window its batch fills: the lease must
-        // hold the last wave with room to spare.
-        let windows = relay
-            .batch_size
-            .unsigned_abs()
-            .div_ceil(jetstream_outbox::JetStreamPublisher::DEFAULT_WINDOW as u64)
-            .max(1) as u32;
-        ensure(
-            "RELAY_LEASE_MS",
-            relay.lease > 4 * windows * self.nats_publish_timeout,
-            "must be more than four times NATS_PUBLISH_TIMEOUT_MS per 4096 rows of RELAY_BATCH_SIZE",
-        )?;
-        ensure(
-            "RELAY_WAL_SLOT",
-            self.relay_enabled || self.relay_wal_slot.is_none(),
-            "wakes this process's relay: unset it where RELAY_ENABLED=false",
-        )?;
-        Ok(Config {
+        let config = Config {
             common: self.common,
             stream: self.stream,
             relay,
@@ -208,7 +178,47 @@ impl Settings {
             relay_wal_slot: self.relay_wal_slot,
             publish_timeout: self.nats_publish_timeout,
             outbox_retention: self.outbox_retention,
-        })
+        };
+        config.check()?;
+        Ok(config)
+    }
+}
+
+impl Config {
+    /// The rules between settings, which reading them applies: also for a configuration
+    /// changed after it was read (a test's, a program's): `App::build` checks it.
+    pub fn check(&self) -> Result<(), ConfigError> {
+        self.common.check()?;
+        self.stream.check(&self.common)?;
+        ensure(
+            "OUTBOX_RETENTION_MS",
+            self.outbox_retention <= jetstream_outbox::outbox::MAX_RETENTION,
+            "must be at most 676800000 (188 hours: the ring of published events' partitions)",
+        )?;
+        ensure(
+            "NATS_PUBLISH_TIMEOUT_MS",
+            !self.publish_timeout.is_zero(),
+            "must be positive",
+        )?;
+        // A pass starts waves for half the lease, and one wave takes up to a send and its
+        // acknowledgements (a timeout each) per publish window its batch fills: the lease must
+        // hold the last wave with room to spare.
+        let windows = self
+            .relay
+            .batch_size
+            .unsigned_abs()
+            .div_ceil(jetstream_outbox::JetStreamPublisher::DEFAULT_WINDOW as u64)
+            .max(1) as u32;
+        ensure(
+            "RELAY_LEASE_MS",
+            self.relay.lease > 4 * windows * self.publish_timeout,
+            "must be more than four times NATS_PUBLISH_TIMEOUT_MS per 4096 rows of RELAY_BATCH_SIZE",
+        )?;
+        ensure(
+            "RELAY_WAL_SLOT",
+            self.relay_enabled || self.relay_wal_slot.is_none(),
+            "wakes this process's relay: unset it where RELAY_ENABLED=false",
+        )
     }
 }
 

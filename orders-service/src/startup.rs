@@ -106,8 +106,10 @@ pub struct App {
 }
 
 impl App {
-    /// Connects (creating the database if missing), migrates, sets up the stream and binds.
+    /// Checks the configuration ([`Config::check`]), connects (creating the database if
+    /// missing), migrates, sets up the stream and binds.
     pub async fn build(config: Config) -> anyhow::Result<Self> {
+        config.check()?;
         service_kit::metrics::handle();
         outbox_api::describe_metrics();
         let base = Base::build(

@@ -876,3 +876,16 @@ async fn a_wal_slot_wakes_the_relay_for_another_applications_commit() {
     testing::drop_database(&database).await;
     testing::delete_stream(&app.stream).await;
 }
+
+/// A configuration changed after it was read (by a test, or a program embedding the service)
+/// meets the same rules as one read from the environment: a lease too short for a publish
+/// timeout is refused before anything starts, naming the variable.
+#[tokio::test]
+async fn a_configuration_changed_after_reading_is_checked() {
+    let mut config = Config::from_env().unwrap();
+    config.relay.lease = config.publish_timeout;
+    let Err(error) = App::build(config).await else {
+        panic!("a lease of one publish timeout was accepted");
+    };
+    assert!(error.to_string().contains("RELAY_LEASE_MS"), "{error:#}");
+}
