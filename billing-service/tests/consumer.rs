@@ -1147,6 +1147,7 @@ async fn a_message_older_than_the_inbox_retention_is_not_applied() {
 #[tokio::test]
 async fn a_configuration_changed_after_reading_is_checked() {
     let mut config = Config::from_env().unwrap();
+    // Against the rules on purpose: the refusal is the scenario.
     config.inbox_retention = config.consumer.ack_wait;
     let Err(error) = App::build(config).await else {
         panic!("an inbox retention of one ack wait was accepted");

@@ -883,6 +883,7 @@ async fn a_wal_slot_wakes_the_relay_for_another_applications_commit() {
 #[tokio::test]
 async fn a_configuration_changed_after_reading_is_checked() {
     let mut config = Config::from_env().unwrap();
+    // Against the rules on purpose: the refusal is the scenario.
     config.relay.lease = config.publish_timeout;
     let Err(error) = App::build(config).await else {
         panic!("a lease of one publish timeout was accepted");
